@@ -1,0 +1,39 @@
+"""Shared Pydantic base for every input model: frozen, strict, unknown fields refused."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    """Base of all offsim input models.
+
+    ``strict=True`` refuses a string or a bool where a number is expected; ``extra='forbid'``
+    turns a misspelt field into an error instead of a silently ignored key.
+    """
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+
+class Provenance(Frozen):
+    """Where the numbers of a data file come from.
+
+    Attributes:
+        kind: ``datasheet`` (vendor figures), ``paper`` (a publication's testbed),
+            ``measured`` (taken by ``offsim calibrate`` or another tool on a real machine),
+            ``derived`` (arithmetic on cited numbers), or ``synthetic`` (round test numbers).
+        source: citations, one per figure where they differ.
+        date: when the numbers were gathered (ISO date).
+        tool: the tool and version that measured them, when measured.
+        host: the machine measured, when measured.
+        notes: anything a reader must know (assumptions, conflicts between sources).
+    """
+
+    kind: Literal["datasheet", "paper", "measured", "derived", "synthetic", "mixed"]
+    source: str = Field(min_length=1)
+    date: str = Field(min_length=4)
+    tool: str | None = None
+    host: str | None = None
+    notes: str | None = None

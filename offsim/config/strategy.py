@@ -1,0 +1,115 @@
+"""Offload strategies: where each kind of training state lives and how it moves.
+
+The fields mirror DeepSpeed's ZeRO configuration (``zero_optimization.stage``,
+``offload_param``, ``offload_optimizer``, ``stage3_prefetch_bucket_size``,
+``stage3_max_reuse_distance``, ``sub_group_size``, aio ``buffer_count``/``buffer_size``) so that
+the shipped presets can follow DeepSpeed's behaviour field by field; see
+``strategies/*.yaml`` for the citations.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from offsim.config.base import Frozen, Provenance
+from offsim.units import MiB
+
+Tier = Literal["gpu", "cpu", "nvme"]
+
+
+class Placement(Frozen):
+    """Home tier of each kind of state.
+
+    Attributes:
+        params: the 16-bit working parameters. ``cpu``/``nvme`` means they are fetched to the
+            GPU before each layer runs and released after (ZeRO-3 offload_param).
+        grads: where gradients are reduced and kept until the optimizer step.
+        optimizer_states: fp32 master params and optimizer moments.
+        activations: where activation checkpoints (or, without checkpointing, a block's saved
+            activations) wait between forward and backward.
+    """
+
+    params: Tier = "gpu"
+    grads: Tier = "gpu"
+    optimizer_states: Tier = "gpu"
+    activations: Tier = "gpu"
+
+
+class Strategy(Frozen):
+    """What lives where, and how it moves.
+
+    Attributes:
+        zero_stage: ZeRO stage: 0 (plain data parallel), 1 (optimizer state partitioned),
+            2 (+ gradients), 3 (+ parameters).
+        optimizer_device: where the optimizer step runs.
+        pin_memory: host-resident state is page-locked (fast DMA, counts as pinned memory).
+        prefetch_depth: layers whose parameters are fetched ahead of the one computing
+            (0: fetch on demand, every transfer exposed).
+        reuse_distance_params: a layer's parameters stay on the GPU when they are used again
+            within this many parameters (DeepSpeed ``stage3_max_reuse_distance``); this keeps
+            the last forward layers for the start of backward.
+        pinned_buffer_count / pinned_buffer_mib: pinned staging buffers for NVMe traffic
+            (DeepSpeed aio ``buffer_count``, ``buffer_size``).
+        sub_group_params: parameters per optimizer sub-group (DeepSpeed ``sub_group_size``).
+        optimizer_swap_pipeline: overlap reading the next sub-group and writing the previous
+            one with the update of the current (DeepSpeed ``pipeline_read``/``pipeline_write``).
+        overlap_grad_offload: gradients leave the GPU while backward continues; off means
+            each layer's gradient copy blocks the GPU stream.
+        delayed_param_update: the CPU step of iteration i overlaps forward and backward of
+            iteration i+1 (ZeRO-Offload DPU).
+        activation_checkpointing: overrides the workload's setting when given.
+        host_allocator: ``caching`` rounds each pinned allocation up to a power of two (PyTorch
+            CachingHostAllocator); ``exact`` pins exactly what is asked (MemAscend).
+    """
+
+    schema_version: Literal[1] = 1
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    provenance: Provenance
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    placement: Placement = Placement()
+    optimizer_device: Literal["gpu", "cpu"] = "gpu"
+    pin_memory: bool = True
+    prefetch_depth: int = Field(default=1, ge=0, le=64)
+    reuse_distance_params: float = Field(default=0.0, ge=0)
+    pinned_buffer_count: int = Field(default=4, ge=1)
+    pinned_buffer_mib: float = Field(default=256.0, gt=0)
+    sub_group_params: float = Field(default=1e9, gt=0)
+    optimizer_swap_pipeline: bool = True
+    overlap_grad_offload: bool = True
+    delayed_param_update: bool = False
+    activation_checkpointing: bool | None = None
+    host_allocator: Literal["caching", "exact"] = "exact"
+
+    @model_validator(mode="after")
+    def _check(self) -> Strategy:
+        p = self.placement
+        if self.optimizer_device == "gpu" and (p.optimizer_states != "gpu" or p.grads != "gpu"):
+            raise ValueError(
+                "optimizer_device 'gpu' needs placement.optimizer_states and placement.grads "
+                "on 'gpu' (offsim does not stream optimizer state to a GPU optimizer yet)"
+            )
+        if self.optimizer_device == "cpu":
+            if p.optimizer_states == "gpu":
+                raise ValueError("optimizer_device 'cpu' needs placement.optimizer_states on cpu or nvme")
+            if p.grads == "gpu":
+                raise ValueError("optimizer_device 'cpu' needs placement.grads on cpu or nvme")
+        if p.params != "gpu" and self.zero_stage != 3:
+            raise ValueError(
+                f"placement.params '{p.params}' (parameter offload) needs zero_stage 3, as in DeepSpeed"
+            )
+        if self.delayed_param_update and self.optimizer_device != "cpu":
+            raise ValueError("delayed_param_update needs optimizer_device 'cpu'")
+        return self
+
+    @property
+    def pinned_buffer_bytes(self) -> float:
+        """Bytes of one pinned staging buffer."""
+        return self.pinned_buffer_mib * MiB
+
+    def uses_nvme(self) -> bool:
+        """True when any state is placed on NVMe."""
+        p = self.placement
+        return "nvme" in (p.params, p.grads, p.optimizer_states, p.activations)
