@@ -1,3 +1,26 @@
-"""offsim: a discrete-event simulator of offloaded LLM training."""
+"""offsim: a discrete-event simulator of offloaded LLM training.
+
+Typical use::
+
+    from offsim import make_run_config, simulate
+    result = simulate(make_run_config("rtx4090-pcie4-ws", "llama2-7b", "zero-offload"))
+    print(result.metrics.iteration_time_s)
+"""
 
 __version__ = "0.1.0"
+
+from offsim.config.loading import load_profile, load_strategy, load_workload  # noqa: E402
+from offsim.config.run import RunConfig, make_run_config  # noqa: E402
+from offsim.engine.run import simulate  # noqa: E402
+from offsim.results import RunResult  # noqa: E402
+
+__all__ = [
+    "RunConfig",
+    "RunResult",
+    "__version__",
+    "load_profile",
+    "load_strategy",
+    "load_workload",
+    "make_run_config",
+    "simulate",
+]

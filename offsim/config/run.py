@@ -1,0 +1,84 @@
+"""RunConfig: one hardware profile, one workload, one strategy, and how long to simulate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from offsim.config.base import Frozen
+from offsim.config.hardware import HardwareProfile
+from offsim.config.loading import load_profile, load_strategy, load_workload
+from offsim.config.strategy import Strategy
+from offsim.config.workload import Workload
+from offsim.errors import ConfigError
+
+
+class RunConfig(Frozen):
+    """Everything one simulation needs; cross-file rules are checked here.
+
+    Attributes:
+        iterations: optimizer steps simulated.
+        warmup_iterations: leading steps excluded from the steady-state metrics.
+    """
+
+    hardware: HardwareProfile
+    workload: Workload
+    strategy: Strategy
+    iterations: int = Field(default=3, ge=1, le=1000)
+    warmup_iterations: int = Field(default=1, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        hw, wl, st = self.hardware, self.workload, self.strategy
+        if st.uses_nvme() and hw.nvme is None:
+            p = st.placement
+            fields = [f"placement.{k}" for k in ("params", "grads", "optimizer_states", "activations")
+                      if getattr(p, k) == "nvme"]
+            raise ValueError(
+                f"strategy '{st.name}' places {', '.join(fields)} on nvme but hardware profile "
+                f"'{hw.name}' has no nvme block"
+            )
+        gpus = hw.topology.gpus_per_node * hw.topology.nodes
+        if wl.training.data_parallel > gpus:
+            raise ValueError(
+                f"workload '{wl.name}' training.data_parallel={wl.training.data_parallel} exceeds the "
+                f"{gpus} GPUs of hardware profile '{hw.name}' (topology.gpus_per_node x nodes)"
+            )
+        if self.warmup_iterations >= self.iterations:
+            raise ValueError("warmup_iterations must be below iterations")
+        return self
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """The strategy's override, else the workload's setting."""
+        s = self.strategy.activation_checkpointing
+        return self.workload.training.activation_checkpointing if s is None else s
+
+    @property
+    def steady_iterations(self) -> int:
+        """Iterations the metrics average over."""
+        return self.iterations - self.warmup_iterations
+
+
+def make_run_config(
+    hardware: str | Path | HardwareProfile,
+    workload: str | Path | Workload,
+    strategy: str | Path | Strategy,
+    *,
+    iterations: int = 3,
+    warmup_iterations: int = 1,
+) -> RunConfig:
+    """Build a RunConfig from names, paths or models; cross-file errors become ConfigError."""
+    hw = hardware if isinstance(hardware, HardwareProfile) else load_profile(str(hardware))
+    wl = workload if isinstance(workload, Workload) else load_workload(str(workload))
+    st = strategy if isinstance(strategy, Strategy) else load_strategy(str(strategy))
+    if st.delayed_param_update:
+        iterations = max(iterations, warmup_iterations + 2)
+    try:
+        return RunConfig(hardware=hw, workload=wl, strategy=st, iterations=iterations,
+                         warmup_iterations=warmup_iterations)
+    except ValueError as exc:
+        errs = getattr(exc, "errors", lambda: [])()
+        msg = "; ".join(e["msg"].removeprefix("Value error, ") for e in errs) or str(exc)
+        raise ConfigError(msg) from None

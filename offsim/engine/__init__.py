@@ -1,0 +1,5 @@
+"""The discrete-event engine (SimPy lives only in this package)."""
+
+from offsim.engine.run import simulate
+
+__all__ = ["simulate"]

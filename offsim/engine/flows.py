@@ -1,0 +1,166 @@
+"""Bandwidth sharing: every transfer is a flow over a set of shared resources.
+
+Rates are max-min fair (progressive filling, Bertsekas & Gallager, *Data Networks*, Sec. 6.5.2)
+and are recomputed whenever a flow starts or ends; a flow never runs faster than its own cap
+(the single-transfer rate of its size, which carries the per-transfer latency).
+
+A flow's size is in bytes. Each resource has a capacity, and a flow uses ``coef`` units of a
+resource per byte/s of its rate. For a link the coefficient is 1 (bytes/s); for DRAM it is the
+DRAM bytes the flow touches per byte moved (a pageable copy stages through DRAM); for an NVMe
+array the capacity is 1 (the array's time) and a byte costs ``1/read_rate`` or ``1/write_rate``,
+so mixed reads and writes share the drives; for the CPU optimizer a byte of DRAM traffic costs
+``1/bytes_per_param`` of a parameter update.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+_EPS = 1e-12
+
+
+@dataclass(eq=False)
+class Flow:
+    """One transfer (or bandwidth-bound piece of work) in progress."""
+
+    name: str
+    size_bytes: float
+    usage: dict[str, float]
+    cap_bytes_per_s: float
+    done: simpy.Event
+    start_s: float
+    meta: dict[str, Any] = field(default_factory=dict)
+    remaining_bytes: float = 0.0
+    rate_bytes_per_s: float = 0.0
+
+
+def max_min_rates(
+    flows: list[Flow], capacity: dict[str, float]
+) -> dict[Flow, float]:
+    """Max-min fair rates by progressive filling with per-flow caps and usage coefficients.
+
+    All unfrozen flows rise together; a flow freezes when it reaches its cap or when a
+    resource it uses saturates. Pure function: used by the network and by tests.
+    """
+    rates: dict[Flow, float] = {}
+    used = dict.fromkeys(capacity, 0.0)
+    active = list(flows)
+    while active:
+        level = min(f.cap_bytes_per_s for f in active)
+        for res, cap in capacity.items():
+            coef = sum(f.usage.get(res, 0.0) for f in active)
+            if coef > 0:
+                level = min(level, max(0.0, cap - used[res]) / coef)
+        full = {
+            res for res, cap in capacity.items()
+            if sum(f.usage.get(res, 0.0) for f in active) > 0
+            and used[res] + level * sum(f.usage.get(res, 0.0) for f in active) >= cap * (1 - 1e-9)
+        }
+        frozen = [
+            f for f in active
+            if f.cap_bytes_per_s <= level * (1 + 1e-9) or any(r in full for r in f.usage if f.usage[r] > 0)
+        ]
+        for f in frozen:
+            rates[f] = level
+            for res, coef in f.usage.items():
+                used[res] = used.get(res, 0.0) + coef * level
+        active = [f for f in active if f not in rates]
+    return rates
+
+
+class FlowNetwork:
+    """Shared resources and the flows over them, on a SimPy clock.
+
+    Args:
+        env: the SimPy environment (the engine's clock).
+        capacity: capacity per resource name.
+        capacity_rule: optional function of the set of busy resources returning adjusted
+            capacities (used for the duplex loss when both PCIe directions are busy).
+        on_finish: called with each finished flow (the engine records its span).
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        capacity: dict[str, float],
+        capacity_rule: Callable[[set[str], dict[str, float]], dict[str, float]] | None = None,
+        on_finish: Callable[[Flow], None] | None = None,
+    ) -> None:
+        self.env = env
+        self.capacity = dict(capacity)
+        self.capacity_rule = capacity_rule
+        self.on_finish = on_finish
+        self.flows: list[Flow] = []
+        self._last_s = 0.0
+        self._generation = 0
+
+    def start(self, size_bytes: float, usage: dict[str, float], cap_bytes_per_s: float,
+              meta: dict[str, Any]) -> simpy.Event:
+        """Start a flow; the returned event fires when its last byte has moved.
+
+        ``meta`` labels it (``name`` at least) and is handed back with the finished flow.
+        """
+        name = str(meta.get("name", "flow"))
+        unknown = set(usage) - set(self.capacity)
+        if unknown:
+            raise KeyError(f"flow {name!r} uses unknown resources {sorted(unknown)}")
+        if cap_bytes_per_s <= 0:
+            raise ValueError(f"flow {name!r} needs a positive rate cap")
+        done = self.env.event()
+        flow = Flow(name, size_bytes, usage, cap_bytes_per_s, done, self.env.now, meta, size_bytes)
+        if size_bytes <= 0:
+            self._finish(flow)
+            return done
+        self._advance()
+        self.flows.append(flow)
+        self._rebalance()
+        return done
+
+    def _advance(self) -> None:
+        dt = self.env.now - self._last_s
+        if dt > 0:
+            for f in self.flows:
+                f.remaining_bytes -= f.rate_bytes_per_s * dt
+        self._last_s = self.env.now
+
+    def _capacities(self) -> dict[str, float]:
+        if self.capacity_rule is None:
+            return self.capacity
+        busy = {r for f in self.flows for r, c in f.usage.items() if c > 0}
+        return self.capacity_rule(busy, self.capacity)
+
+    def _rebalance(self) -> None:
+        rates = max_min_rates(self.flows, self._capacities())
+        for f in self.flows:
+            f.rate_bytes_per_s = rates[f]
+        self._generation += 1
+        horizon = math.inf
+        for f in self.flows:
+            if f.rate_bytes_per_s > 0:
+                horizon = min(horizon, max(0.0, f.remaining_bytes) / f.rate_bytes_per_s)
+        if horizon < math.inf:
+            gen = self._generation
+            self.env.timeout(horizon).callbacks.append(lambda _ev: self._wake(gen))
+
+    def _wake(self, generation: int) -> None:
+        if generation != self._generation:
+            return
+        self._advance()
+        finished = [f for f in self.flows if f.remaining_bytes <= max(1e-6, _EPS * f.size_bytes)]
+        if not finished:  # rounding left a sliver: finish the nearest flow
+            finished = [min(self.flows, key=lambda f: f.remaining_bytes / max(f.rate_bytes_per_s, _EPS))]
+        self.flows = [f for f in self.flows if f not in finished]
+        for f in finished:
+            self._finish(f)
+        self._rebalance()
+
+    def _finish(self, flow: Flow) -> None:
+        flow.remaining_bytes = 0.0
+        if self.on_finish is not None:
+            self.on_finish(flow)
+        flow.done.succeed(flow)

@@ -1,0 +1,429 @@
+"""The engine: runs training iterations on a SimPy clock. SimPy lives here and nowhere else.
+
+One iteration (one optimizer step):
+
+1. for each micro-batch: forward per layer (fetch parameters within the prefetch window,
+   compute, keep / offload / checkpoint activations), then backward per layer in reverse
+   (re-fetch parameters, bring back or recompute activations, compute, reduce and offload
+   gradients);
+2. the optimizer step: on the GPU, or on the CPU per sub-group (read state from NVMe when it
+   lives there, CPU Adam, write it back, send updated 16-bit parameters to their home),
+   optionally overlapped with the next iteration (delayed parameter update).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import simpy
+
+from offsim.config.run import RunConfig
+from offsim.engine.fetcher import ParamFetcher, build_ops
+from offsim.engine.flows import Flow, FlowNetwork
+from offsim.engine.ledger import MemoryLedger
+from offsim.engine.transfers import Transfers, duplex_rule, resource_capacities
+from offsim.plan.footprint import StateSizes, capacities, params_streamed, round_pinned
+from offsim.plan.model import Layer
+from offsim.trace import Recorder, Span
+
+
+@dataclass
+class _Cursor:
+    """Where the main process is: for labelling spans."""
+
+    iteration: int = 0
+    phase: str = "forward"
+
+
+def _home_rank_tier(home: str, pinned: bool) -> str:
+    return {"gpu": "gpu", "nvme": "nvme"}.get(home, "host_pinned" if pinned else "host_pageable")
+
+
+class Engine:
+    """One rank's training on a shared-resource model of its node."""
+
+    def __init__(self, cfg: RunConfig, sz: StateSizes, recorder: Recorder) -> None:
+        self.cfg, self.sz, self.rec = cfg, sz, recorder
+        self.st = cfg.strategy
+        self.env = simpy.Environment()
+        self.cur = _Cursor()
+        self.net = FlowNetwork(self.env, resource_capacities(cfg, sz),
+                               duplex_rule(cfg.hardware.host_link.duplex_efficiency), self._on_flow_done)
+        self.ledger = MemoryLedger(self.env, recorder, capacities(cfg), sz.ranks_per_node)
+        self.io = Transfers(self.env, self.net, cfg, sz, self._nvme_write_rate())
+        self.layers: list[Layer] = list(sz.layers)
+        self.bpp_param = sz.param_bytes / sz.params_total
+        self.bpp_grad = sz.grad_bytes / sz.params_total
+        self.ckpt = cfg.activation_checkpointing
+        self.streamed = params_streamed(cfg)
+        buf = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
+        self.staging = simpy.Container(self.env, capacity=max(buf, 1.0), init=max(buf, 1.0))
+        self.pending: list[simpy.Event] = []
+        # gradient buffers on the GPU waiting for their copy to the host (double buffering, as
+        # DeepSpeed's reduce buckets): backward stalls when both are still in flight
+        self.grad_slots = simpy.Resource(self.env, capacity=2)
+        self.act_offload: dict[int, simpy.Process] = {}
+        self.prev_step: simpy.Process | None = None
+        self.fetcher: ParamFetcher | None = None
+
+    # ---------------------------------------------------------------- helpers
+    def _nvme_write_rate(self) -> float:
+        nv = self.cfg.hardware.nvme
+        if nv is None:
+            return 1.0
+        return nv.sustained_write_bytes_per_s(self._nvme_bytes_written_per_iteration() * self.sz.ranks_per_node)
+
+    def _nvme_bytes_written_per_iteration(self) -> float:
+        """Bytes one rank writes to NVMe per iteration (for the drives' cache model)."""
+        sz, pl = self.sz, self.cfg.strategy.placement
+        local = sz.local_params
+        total = 0.0
+        if pl.optimizer_states == "nvme":
+            total += local * sz.optimizer_bytes_per_param
+        if pl.grads == "nvme":
+            total += sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
+        if pl.params == "nvme":
+            total += sz.param_bytes / sz.param_part
+        return total
+
+    def _on_flow_done(self, flow: Flow) -> None:
+        m = flow.meta
+        self.rec.span(Span(m["iteration"], m["phase"], m["resource"], m["kind"], flow.name,
+                           m.get("layer", -1), flow.start_s, self.env.now, flow.size_bytes))
+
+    def _meta(self, kind: str, name: str, layer: int = -1) -> dict:
+        return {"iteration": self.cur.iteration, "phase": self.cur.phase, "kind": kind, "name": name,
+                "layer": layer}
+
+    def _compute(self, seconds: float, kind: str, layer: Layer) -> Generator:
+        start = self.env.now
+        yield self.env.timeout(seconds)
+        self.rec.span(Span(self.cur.iteration, self.cur.phase, "gpu", kind, f"{layer.name} {kind}",
+                           layer.index, start, self.env.now))
+
+    def _wait(self, event: simpy.Event, layer: Layer, what: str) -> Generator:
+        start = self.env.now
+        yield event
+        if self.env.now > start:
+            self.rec.span(Span(self.cur.iteration, self.cur.phase, "gpu_stall", "stall",
+                               f"{layer.name} waits for {what}", layer.index, start, self.env.now))
+
+    # ---------------------------------------------------------------- parameters
+    def _fetch_params(self, index: int, meta: dict) -> Generator:
+        layer = self.layers[index]
+        full = layer.params * self.bpp_param
+        part = full / self.sz.param_part
+        self.ledger.alloc("gpu", full, f"{layer.name} gathered params")
+        home = self.st.placement.params
+        if home == "nvme":
+            take = min(part, self.staging.capacity)
+            yield self.staging.get(take)
+            yield from self.io.nvme_read(part, **meta)
+            yield from self.io.h2d(part, **meta)
+            yield self.staging.put(take)
+        elif home == "cpu":
+            yield from self.io.h2d(part, pinned=self.st.pin_memory, **meta)
+        if self.sz.param_part > 1:
+            yield from self.io.collective(full, 1.0, **{**meta, "kind": "param_allgather"})
+
+    def _start_fetch(self, index: int) -> simpy.Process:
+        meta = self._meta("param_fetch", f"{self.layers[index].name} params", index)
+        return self.env.process(self._fetch_params(index, meta))
+
+    def _release_params(self, index: int) -> None:
+        self.ledger.free("gpu", self.layers[index].params * self.bpp_param)
+
+    # ---------------------------------------------------------------- activations
+    def _kept_bytes(self, layer: Layer) -> float:
+        return layer.act_ckpt_bytes if (self.ckpt and layer.is_block) else layer.act_full_bytes
+
+    def _offloads_activation(self, layer: Layer) -> bool:
+        """Offload unless backward needs it within the prefetch window (the last layers)."""
+        if self.st.placement.activations == "gpu":
+            return False
+        return len(self.layers) - 1 - layer.index > self.st.prefetch_depth
+
+    def _offload_activation(self, layer: Layer, meta: dict) -> Generator:
+        nbytes = self._kept_bytes(layer)
+        host = "host_pinned" if self.st.pin_memory else "host_pageable"
+        self.ledger.alloc(host, nbytes, f"{layer.name} offloaded activations")
+        yield from self.io.d2h(nbytes, pinned=self.st.pin_memory, **meta)
+        self.ledger.free("gpu", nbytes)
+        if self.st.placement.activations == "nvme":
+            self.ledger.alloc("nvme", nbytes, f"{layer.name} activations on nvme")
+            yield from self.io.nvme_write(nbytes, **meta)
+            self.ledger.free(host, nbytes)
+
+    def _fetch_activation(self, layer: Layer, meta: dict) -> Generator:
+        yield self.act_offload.pop(layer.index)
+        nbytes = self._kept_bytes(layer)
+        self.ledger.alloc("gpu", nbytes, f"{layer.name} activations back")
+        host = "host_pinned" if self.st.pin_memory else "host_pageable"
+        if self.st.placement.activations == "nvme":
+            self.ledger.alloc(host, nbytes, f"{layer.name} activations staging")
+            yield from self.io.nvme_read(nbytes, **meta)
+            self.ledger.free("nvme", nbytes)
+        yield from self.io.h2d(nbytes, pinned=self.st.pin_memory, **meta)
+        self.ledger.free(host, nbytes)
+
+    # ---------------------------------------------------------------- forward / backward
+    def _params_ready(self, op_index: int) -> simpy.Event | None:
+        if not self.streamed or self.fetcher is None:
+            return None
+        self.fetcher.advance(op_index)
+        return self.fetcher.ready(op_index)
+
+    def _forward_layer(self, op_index: int, layer: Layer) -> Generator:
+        ready = self._params_ready(op_index)
+        if ready is not None:
+            yield from self._wait(ready, layer, "params")
+        kept = self._kept_bytes(layer)
+        transient = layer.act_full_bytes if kept < layer.act_full_bytes else 0.0
+        self.ledger.alloc("gpu", kept + transient, f"{layer.name} activations")
+        yield from self._compute(layer.fwd_s, "forward", layer)
+        self.ledger.free("gpu", transient)
+        if self._offloads_activation(layer):
+            meta = self._meta("act_offload", f"{layer.name} activations", layer.index)
+            self.act_offload[layer.index] = self.env.process(self._offload_activation(layer, meta))
+        if self.fetcher is not None and self.streamed:
+            self.fetcher.after(op_index)
+
+    def _backward_layer(self, op_index: int, layer: Layer, mb: int) -> Generator:
+        ready = self._params_ready(op_index)
+        if layer.index in self.act_offload:
+            meta = self._meta("act_fetch", f"{layer.name} activations", layer.index)
+            act = self.env.process(self._fetch_activation(layer, meta))
+            yield from self._wait(act, layer, "activations")
+        if ready is not None:
+            yield from self._wait(ready, layer, "params")
+        kept = self._kept_bytes(layer)
+        recompute = self.ckpt and layer.is_block
+        work = layer.act_full_bytes * (2 if recompute else 1)  # recomputed activations + their gradients
+        self.ledger.alloc("gpu", work, f"{layer.name} backward working memory")
+        if recompute:
+            yield from self._compute(layer.fwd_s, "recompute", layer)
+        yield from self._compute(layer.bwd_s, "backward", layer)
+        self.ledger.free("gpu", work + kept)
+        yield from self._gradients(layer, mb)
+        if self.fetcher is not None and self.streamed:
+            self.fetcher.after(op_index)
+
+    def _gradients(self, layer: Layer, mb: int) -> Generator:
+        """Reduce the layer's gradients and send them home; blocks unless overlapped."""
+        if self.st.placement.grads == "gpu":
+            if self.sz.dp > 1:
+                factor = 1.0 if self.st.zero_stage >= 2 else 2.0
+                meta = self._meta("grad_reduce", f"{layer.name} grads", layer.index)
+                self.pending.append(self.env.process(self.io.collective(layer.params * self.bpp_grad, factor, **meta)))
+            return
+        slot = self.grad_slots.request()
+        yield from self._wait(slot, layer, "a free gradient buffer")
+        meta = self._meta("grad_offload", f"{layer.name} grads", layer.index)
+        proc = self.env.process(self._offload_grads(layer, mb, slot, meta))
+        if self.st.overlap_grad_offload:
+            self.pending.append(proc)
+        else:
+            yield from self._wait(proc, layer, "gradient offload")
+
+    def _offload_grads(self, layer: Layer, mb: int, slot: simpy.Event, meta: dict) -> Generator:
+        full = layer.params * self.bpp_grad
+        self.ledger.alloc("gpu", full, f"{layer.name} gradient buffer")
+        if self.sz.dp > 1:
+            factor = 1.0 if self.st.zero_stage >= 2 else 2.0
+            yield from self.io.collective(full, factor, **{**meta, "kind": "grad_reduce"})
+        part = full / self.sz.grad_part
+        yield from self.io.d2h(part, pinned=self.st.pin_memory, **meta)
+        self.ledger.free("gpu", full)
+        self.grad_slots.release(slot)
+        local_params = layer.params / self.sz.grad_part
+        hg = self.sz.host_grad_bytes_per_param
+        if self.st.placement.grads == "nvme":
+            cast = {**meta, "kind": "grad_cast", "name": f"{layer.name} grads to fp32"}
+            yield from self.io.host_copy(local_params * (self.bpp_grad + hg), **cast)
+            if mb > 0:
+                yield from self.io.nvme_read(local_params * hg, **meta)
+            yield from self.io.nvme_write(local_params * hg, **meta)
+        else:  # accumulate into the fp32 host gradient: read 16-bit, read-modify-write fp32
+            acc = {**meta, "kind": "grad_accumulate", "name": f"{layer.name} grads accumulate"}
+            yield from self.io.host_copy(local_params * (self.bpp_grad + (2 if mb else 1) * hg), **acc)
+
+    # ---------------------------------------------------------------- optimizer
+    def _optimizer_dram_bytes_per_param(self) -> float:
+        """DRAM bytes per parameter of one step: read and write master + moments, read the
+        gradient, write the 16-bit parameter."""
+        sz = self.sz
+        return 2 * sz.optimizer_bytes_per_param + sz.host_grad_bytes_per_param + self.bpp_param
+
+    def _optimizer_step(self, iteration: int) -> Generator:
+        pending, self.pending = self.pending, []
+        yield simpy.AllOf(self.env, pending)
+        if self.cfg.strategy.optimizer_device == "gpu":
+            yield from self._gpu_step(iteration)
+        else:
+            yield from self._cpu_step(iteration)
+
+    def _span_meta(self, iteration: int, kind: str, name: str) -> dict:
+        return {"iteration": iteration, "phase": "optimizer", "kind": kind, "name": name, "layer": -1}
+
+    def _gpu_step(self, iteration: int) -> Generator:
+        sz = self.sz
+        bpp = 2 * sz.optimizer_bytes_per_param + self.bpp_grad + self.bpp_param
+        seconds = sz.local_params * bpp / self.cfg.hardware.gpu.hbm_bytes_per_s
+        start = self.env.now
+        yield self.env.timeout(seconds)
+        self.rec.span(Span(iteration, "optimizer", "gpu", "optimizer", "GPU Adam", -1, start, self.env.now))
+        if sz.dp > 1 and self.st.zero_stage in (1, 2):
+            meta = self._span_meta(iteration, "param_allgather", "updated params all-gather")
+            yield from self.io.collective(sz.param_bytes, 1.0, **meta)
+
+    def _subgroups(self) -> list[float]:
+        local = self.sz.local_params
+        n = max(1, math.ceil(local / self.st.sub_group_params))
+        return [local / n] * n
+
+    def _cpu_step(self, iteration: int) -> Generator:
+        groups = self._subgroups()
+        pipeline = self.st.optimizer_swap_pipeline
+        writes: list[simpy.Process] = []
+        reading = self.env.process(self._read_group(iteration, 0, groups[0]))
+        for g, params in enumerate(groups):
+            yield reading
+            if pipeline and g + 1 < len(groups):
+                reading = self.env.process(self._read_group(iteration, g + 1, groups[g + 1]))
+            meta = self._span_meta(iteration, "optimizer", f"CPU Adam sub-group {g}")
+            yield from self.io.cpu_optimizer(params, self._optimizer_dram_bytes_per_param(), **meta)
+            write = self.env.process(self._write_group(iteration, g, params))
+            if pipeline:
+                writes.append(write)
+            else:
+                yield write
+                if g + 1 < len(groups):
+                    reading = self.env.process(self._read_group(iteration, g + 1, groups[g + 1]))
+        yield simpy.AllOf(self.env, writes)
+
+    def _group_state_bytes(self, params: float) -> tuple[float, float]:
+        """(bytes read from NVMe, bytes staged in pinned memory) for one sub-group."""
+        pl, sz = self.st.placement, self.sz
+        read = 0.0
+        if pl.optimizer_states == "nvme":
+            read += params * sz.optimizer_bytes_per_param
+        if pl.grads == "nvme":
+            read += params * sz.host_grad_bytes_per_param
+        return read, read
+
+    def _read_group(self, iteration: int, g: int, params: float) -> Generator:
+        nbytes, staged = self._group_state_bytes(params)
+        if nbytes <= 0:
+            return
+        self.ledger.alloc("host_pinned", round_pinned(staged, self.st.host_allocator), f"sub-group {g} swap buffer")
+        meta = self._span_meta(iteration, "optimizer_swap_in", f"sub-group {g} state in")
+        yield from self.io.nvme_read(nbytes, **meta)
+
+    def _write_group(self, iteration: int, g: int, params: float) -> Generator:
+        pl, sz = self.st.placement, self.sz
+        nbytes, staged = self._group_state_bytes(params)
+        if pl.optimizer_states == "nvme":
+            meta = self._span_meta(iteration, "optimizer_swap_out", f"sub-group {g} state out")
+            yield from self.io.nvme_write(params * sz.optimizer_bytes_per_param, **meta)
+        self.ledger.free("host_pinned", round_pinned(staged, self.st.host_allocator))
+        yield from self._params_home(iteration, g, params)
+
+    def _params_home(self, iteration: int, g: int, params: float) -> Generator:
+        """Send the sub-group's updated 16-bit parameters to where they live."""
+        home = self.st.placement.params
+        nbytes = params * self.bpp_param
+        meta = self._span_meta(iteration, "param_update", f"sub-group {g} params")
+        if home == "gpu":
+            yield from self.io.h2d(nbytes, pinned=self.st.pin_memory, **meta)
+            if self.sz.dp > 1 and self.st.zero_stage in (1, 2):
+                yield from self.io.collective(nbytes * self.sz.dp, 1.0, **{**meta, "kind": "param_allgather"})
+        elif home == "nvme":
+            yield from self.io.nvme_write(nbytes, **meta)
+
+    # ---------------------------------------------------------------- iterations
+    def _allocate_static(self) -> None:
+        sz, pl, st = self.sz, self.st.placement, self.st
+        self.ledger.alloc("gpu", self.cfg.hardware.gpu.reserved_bytes, "reserved")
+        pinned = st.pin_memory
+        per_layer = [lay.params * self.bpp_param / sz.param_part for lay in self.layers]
+        tier = _home_rank_tier(pl.params, pinned)
+        total = sum(round_pinned(b, st.host_allocator) for b in per_layer) if tier == "host_pinned" else sum(per_layer)
+        self.ledger.alloc(tier, total, "params")
+        if pl.grads == "gpu":
+            self.ledger.alloc("gpu", sz.grad_bytes / sz.grad_part, "grads")
+        else:
+            g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
+            self.ledger.alloc(_home_rank_tier(pl.grads, pinned), self._pinned_groups(g, pl.grads), "grads")
+        o = sz.local_params * sz.optimizer_bytes_per_param
+        self.ledger.alloc(_home_rank_tier(pl.optimizer_states, pinned), self._pinned_groups(o, pl.optimizer_states),
+                          "optimizer state")
+        if st.uses_nvme():
+            self.ledger.alloc("host_pinned", self.staging.capacity, "pinned staging buffers")
+
+    def _pinned_groups(self, nbytes: float, home: str) -> float:
+        if home != "cpu" or not self.st.pin_memory or self.st.host_allocator != "caching":
+            return nbytes
+        n = len(self._subgroups())
+        return n * round_pinned(nbytes / n, "caching")
+
+    def _micro_batch(self, ops: list, mb: int) -> Generator:
+        n = len(self.layers)
+        base = mb * 2 * n
+        self.cur.phase = "forward"
+        start = self.env.now
+        for k, layer in enumerate(self.layers):
+            yield from self._forward_layer(base + k, layer)
+        self.rec.phase(self.cur.iteration, "forward", start, self.env.now)
+        self.cur.phase = "backward"
+        start = self.env.now
+        for k, layer in enumerate(reversed(self.layers)):
+            yield from self._backward_layer(base + n + k, layer, mb)
+        self.rec.phase(self.cur.iteration, "backward", start, self.env.now)
+
+    def run(self) -> Generator:
+        """The main process: all iterations, then wait for the last optimizer step."""
+        self._allocate_static()
+        ops = build_ops(len(self.layers), self.cfg.workload.training.grad_accumulation)
+        for it in range(self.cfg.iterations):
+            self.cur.iteration = it
+            self.rec.iteration_starts_s.append(self.env.now)
+            if self.streamed:
+                self.fetcher = ParamFetcher(self.env, ops, self.st.prefetch_depth, self.st.reuse_distance_params,
+                                            [lay.params for lay in self.layers],
+                                            self._start_fetch, self._release_params)
+            for mb in range(self.cfg.workload.training.grad_accumulation):
+                yield from self._micro_batch(ops, mb)
+            if self.fetcher is not None:
+                yield from self.fetcher.release_all()
+            yield from self._step(it)
+        if self.prev_step is not None:
+            yield self.prev_step
+        self.rec.end_s = self.env.now
+
+    def _step(self, it: int) -> Generator:
+        start = self.env.now
+        if self.st.delayed_param_update:
+            if self.prev_step is not None:
+                yield self.prev_step
+            self.prev_step = self.env.process(self._optimizer_step(it))
+        else:
+            yield self.env.process(self._optimizer_step(it))
+        self.rec.phase(it, "optimizer", start, self.env.now)
+
+
+def run_engine(cfg: RunConfig, sz: StateSizes) -> tuple[Recorder, MemoryLedger, int]:
+    """Simulate ``cfg``; returns the recorder, the ledger (peaks) and the SimPy events processed."""
+    rec = Recorder()
+    engine = Engine(cfg, sz, rec)
+    engine.env.process(engine.run())
+    events = 0
+    env = engine.env
+    while True:
+        try:
+            env.step()
+        except simpy.core.EmptySchedule:
+            break
+        events += 1
+    return rec, engine.ledger, events

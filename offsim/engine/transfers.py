@@ -1,0 +1,164 @@
+"""The shared resources of one rank and the transfers over them.
+
+Resources (capacities per simulated rank; node-shared ones divided among the node's ranks,
+which run the same schedule, so each gets an equal share when all are busy):
+
+=============  =========================================================  ==================
+resource       capacity                                                    used by
+=============  =========================================================  ==================
+h2d / d2h      the GPU's own PCIe (or C2C) rate per direction              host<->GPU copies
+switch_h2d/d2h uplink rate / GPUs behind the switch                        host<->GPU copies
+dram           DRAM bandwidth / ranks per node                             DMA, copies, CPU Adam
+memcpy         host copy bandwidth / ranks per node                        pageable staging, casts
+cpu            optimizer params/s / ranks per node                         CPU Adam
+nvme           1 / ranks per node (share of the array's time)              NVMe reads and writes
+gpu_link_tx/rx GPU-GPU link per direction                                  all-gather, reduce-scatter
+=============  =========================================================  ==================
+
+Every transfer is a generator for ``yield from``; it acquires a copy engine when it is a DMA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from offsim.config.hardware import TransferCurve
+from offsim.config.run import RunConfig
+from offsim.engine.flows import FlowNetwork
+from offsim.plan.footprint import StateSizes
+
+_UNCAPPED = 1e30  # bytes/s: a flow limited only by the resources it uses
+
+
+def resource_capacities(cfg: RunConfig, sz: StateSizes) -> dict[str, float]:
+    """Capacity of each resource for one simulated rank."""
+    hw = cfg.hardware
+    n = sz.ranks_per_node
+    link = hw.host_link
+    cap = {
+        "h2d": link.h2d.pinned.peak_bytes_per_s,
+        "d2h": link.d2h.pinned.peak_bytes_per_s,
+        "dram": hw.dram.bandwidth_bytes_per_s / n,
+        "memcpy": hw.cpu.memcpy_bytes_per_s / n,
+        "cpu": hw.cpu.optimizer_params_per_s / n,
+    }
+    if hw.nvme is not None:
+        cap["nvme"] = 1.0 / n
+    topo = hw.topology
+    sharers = min(topo.gpus_per_pcie_switch, n)
+    if topo.switch_uplink_gb_per_s is not None and sharers > 1:
+        cap["switch_h2d"] = cap["switch_d2h"] = topo.switch_uplink_gb_per_s * 1e9 / sharers
+    if sz.dp > 1:
+        cap["gpu_link_tx"] = cap["gpu_link_rx"] = gpu_link_bytes_per_s(cfg)
+    return cap
+
+
+def gpu_link_bytes_per_s(cfg: RunConfig) -> float:
+    """Per-direction rate of the ring used by collectives.
+
+    Without a GPU-GPU link the ring goes through host memory at the slower PCIe direction; a
+    ring spanning nodes runs at the slower of the node link and the network.
+    """
+    hw = cfg.hardware
+    topo = hw.topology
+    if topo.gpu_link.kind == "none":
+        rate = min(hw.host_link.h2d.pinned.peak_bytes_per_s, hw.host_link.d2h.pinned.peak_bytes_per_s)
+    else:
+        rate = topo.gpu_link.bandwidth_gb_per_s * 1e9
+    if cfg.workload.training.data_parallel > topo.gpus_per_node and topo.inter_node_gb_per_s:
+        rate = min(rate, topo.inter_node_gb_per_s * 1e9)
+    return rate
+
+
+def duplex_rule(efficiency: float):  # noqa: ANN201 - returns a capacity rule for FlowNetwork
+    """Capacity rule: both PCIe directions busy keeps ``efficiency`` of each one's rate."""
+
+    def rule(busy: set[str], capacity: dict[str, float]) -> dict[str, float]:
+        if efficiency >= 1.0 or not ("h2d" in busy and "d2h" in busy):
+            return capacity
+        adjusted = dict(capacity)
+        adjusted["h2d"] *= efficiency
+        adjusted["d2h"] *= efficiency
+        return adjusted
+
+    return rule
+
+
+class Transfers:
+    """Starts flows on the network for each kind of movement, with copy-engine limits."""
+
+    def __init__(self, env: simpy.Environment, net: FlowNetwork, cfg: RunConfig, sz: StateSizes,
+                 nvme_write_bytes_per_s: float) -> None:
+        self.env = env
+        self.net = net
+        self.cfg = cfg
+        self.sz = sz
+        self.copy_engines = simpy.Resource(env, capacity=cfg.hardware.gpu.copy_engines)
+        self.nvme_write_bytes_per_s = nvme_write_bytes_per_s
+        self.has_switch = "switch_h2d" in net.capacity
+
+    def _dma(self, direction: str, nbytes: float, pinned: bool, meta: dict[str, Any]) -> Generator:
+        link = self.cfg.hardware.host_link
+        curves = link.h2d if direction == "h2d" else link.d2h
+        curve: TransferCurve = curves.pinned if pinned else curves.pageable
+        usage = {direction: 1.0, "dram": 1.0}
+        if self.has_switch:
+            usage[f"switch_{direction}"] = 1.0
+        if not pinned:  # staged through a pinned bounce buffer: a host memcpy reads and writes DRAM
+            usage["dram"] += 2.0
+            usage["memcpy"] = 2.0
+        with self.copy_engines.request() as req:
+            yield req
+            yield self.net.start(nbytes, usage, curve.rate_bytes_per_s(nbytes), {**meta, "resource": direction})
+
+    def h2d(self, nbytes: float, pinned: bool = True, **meta: Any) -> Generator:
+        """Host -> GPU copy of ``nbytes``."""
+        yield from self._dma("h2d", nbytes, pinned, meta)
+
+    def d2h(self, nbytes: float, pinned: bool = True, **meta: Any) -> Generator:
+        """GPU -> host copy of ``nbytes``."""
+        yield from self._dma("d2h", nbytes, pinned, meta)
+
+    def _nvme_cap(self, nbytes: float, array_rate: float) -> float:
+        nv = self.cfg.hardware.nvme
+        assert nv is not None  # RunConfig refuses nvme placement without an nvme block
+        return nbytes / (nv.latency_s + nbytes / array_rate)
+
+    def nvme_read(self, nbytes: float, **meta: Any) -> Generator:
+        """NVMe -> host memory read of ``nbytes`` (libaio into pinned buffers)."""
+        nv = self.cfg.hardware.nvme
+        assert nv is not None
+        rate = nv.read_bytes_per_s
+        usage = {"nvme": 1.0 / rate, "dram": 1.0}
+        yield self.net.start(nbytes, usage, self._nvme_cap(nbytes, rate), {**meta, "resource": "nvme_read"})
+
+    def nvme_write(self, nbytes: float, **meta: Any) -> Generator:
+        """Host memory -> NVMe write of ``nbytes``."""
+        rate = self.nvme_write_bytes_per_s
+        usage = {"nvme": 1.0 / rate, "dram": 1.0}
+        yield self.net.start(nbytes, usage, self._nvme_cap(nbytes, rate), {**meta, "resource": "nvme_write"})
+
+    def host_copy(self, dram_bytes: float, **meta: Any) -> Generator:
+        """A host-side copy or cast that touches ``dram_bytes`` of DRAM (reads plus writes)."""
+        yield self.net.start(dram_bytes, {"memcpy": 1.0, "dram": 1.0}, _UNCAPPED, {**meta, "resource": "dram_copy"})
+
+    def cpu_optimizer(self, params: float, dram_bytes_per_param: float, **meta: Any) -> Generator:
+        """CPU optimizer over ``params``: bound by the CPU's params/s and by the DRAM it shares."""
+        usage = {"cpu": 1.0 / dram_bytes_per_param, "dram": 1.0}
+        yield self.net.start(params * dram_bytes_per_param, usage, _UNCAPPED, {**meta, "resource": "cpu"})
+
+    def collective(self, nbytes_full: float, factor: float, **meta: Any) -> Generator:
+        """Ring collective moving ``factor x (dp-1)/dp x nbytes_full`` each way per rank.
+
+        ``factor`` is 1 for all-gather and reduce-scatter, 2 for all-reduce (Patarasuk & Yuan,
+        "Bandwidth optimal all-reduce algorithms", JPDC 2009).
+        """
+        dp = self.sz.dp
+        nbytes = factor * (dp - 1) / dp * nbytes_full
+        rate = self.net.capacity["gpu_link_tx"]
+        latency = (dp - 1) * factor * self.cfg.hardware.topology.gpu_link.latency_us * 1e-6
+        cap = nbytes / (latency + nbytes / rate)
+        yield self.net.start(nbytes, {"gpu_link_tx": 1.0, "gpu_link_rx": 1.0}, cap, {**meta, "resource": "gpu_link"})

@@ -1,0 +1,130 @@
+"""Pure functions from a trace to RunMetrics (steady state: warm-up iterations excluded)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from offsim.config.run import RunConfig
+from offsim.plan.model import model_flop_per_iteration
+from offsim.trace import Recorder
+
+LINKS = ("h2d", "d2h", "nvme_read", "nvme_write")
+EXTRA_LINKS = ("gpu_link", "dram_copy")
+
+
+class Phases(BaseModel):
+    """Seconds per iteration the GPU stream spent in each phase (sum = iteration time, except
+    that with the delayed parameter update ``optimizer`` is only the exposed part of the step)."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+
+
+class PeakBytes(BaseModel):
+    """Peak bytes per tier: ``gpu`` per GPU; ``host_pinned``, ``host`` (pinned included) and
+    ``nvme`` per node."""
+
+    gpu: float = 0.0
+    host_pinned: float = 0.0
+    host: float = 0.0
+    nvme: float = 0.0
+
+
+class Traffic(BaseModel):
+    """Bytes moved per iteration per GPU on each link."""
+
+    h2d: float = 0.0
+    d2h: float = 0.0
+    nvme_read: float = 0.0
+    nvme_write: float = 0.0
+    gpu_link: float = 0.0
+    dram_copy: float = 0.0
+
+
+class RunMetrics(BaseModel):
+    """Headline results of one simulated configuration (the ``--json`` output)."""
+
+    feasible: bool
+    infeasible_reason: str | None = None
+    infeasible_tier: str | None = None
+    iteration_time_s: float | None = None
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = Field(default=None, description="model FLOPs (no recompute) per second per GPU")
+    hardware_tflops_per_gpu: float | None = Field(default=None, description="FLOPs executed, recompute included")
+    phases_s: Phases = Phases()
+    optimizer_step_s: float | None = None
+    stall_s: float | None = None
+    gpu_busy_fraction: float | None = None
+    peak_bytes: PeakBytes = PeakBytes()
+    traffic_bytes: Traffic = Traffic()
+    iteration_times_s: list[float] = []
+
+
+def steady_iterations(cfg: RunConfig, rec: Recorder) -> tuple[list[int], list[float]]:
+    """Indices and durations of the iterations the metrics average over.
+
+    An iteration lasts from its start to the next one's (the last ends when all work ends).
+    With the delayed parameter update the last iteration's step is not overlapped with a next
+    iteration, so it is left out.
+    """
+    bounds = [*rec.iteration_starts_s, rec.end_s]
+    last = cfg.iterations - (1 if cfg.strategy.delayed_param_update else 0)
+    idx = list(range(cfg.warmup_iterations, last))
+    return idx, [bounds[k + 1] - bounds[k] for k in idx]
+
+
+def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetrics:
+    """Steady-state metrics of a finished run."""
+    idx, times = steady_iterations(cfg, rec)
+    steady = set(idx)
+    n = len(idx)
+    it_s = sum(times) / n
+    phases = dict.fromkeys(("forward", "backward", "optimizer"), 0.0)
+    for it, name, start, end in rec.phases:
+        if it in steady:
+            phases[name] += (end - start) / n
+    traffic = dict.fromkeys(LINKS + EXTRA_LINKS, 0.0)
+    busy = stall = 0.0
+    step_bounds: dict[int, list[float]] = {}
+    for s in rec.spans:
+        if s.iteration not in steady:
+            continue
+        if s.resource in traffic:
+            traffic[s.resource] += s.bytes / n
+        elif s.resource == "gpu":
+            busy += (s.end_s - s.start_s) / n
+        elif s.resource == "gpu_stall":
+            stall += (s.end_s - s.start_s) / n
+        if s.phase == "optimizer":
+            b = step_bounds.setdefault(s.iteration, [s.start_s, s.end_s])
+            b[0], b[1] = min(b[0], s.start_s), max(b[1], s.end_s)
+    wl = cfg.workload
+    model_flop = model_flop_per_iteration(wl)
+    # checkpointing repeats the blocks' forward (a third of their forward + backward FLOPs)
+    recompute = model_flop / 3 * _block_share(cfg) if cfg.activation_checkpointing else 0.0
+    step_s = sum(b[1] - b[0] for b in step_bounds.values()) / n if step_bounds else 0.0
+    return RunMetrics(
+        feasible=True,
+        iteration_time_s=it_s,
+        tokens_per_s=wl.tokens_per_iteration / it_s,
+        tflops_per_gpu=model_flop / it_s / 1e12,
+        hardware_tflops_per_gpu=(model_flop + recompute) / it_s / 1e12,
+        phases_s=Phases(**phases),
+        optimizer_step_s=step_s,
+        stall_s=stall,
+        gpu_busy_fraction=min(1.0, busy / it_s),
+        peak_bytes=PeakBytes(**peaks),
+        traffic_bytes=Traffic(**traffic),
+        iteration_times_s=times,
+    )
+
+
+def _block_share(cfg: RunConfig) -> float:
+    """Fraction of forward FLOPs spent in transformer blocks (the part recompute repeats)."""
+    from offsim.plan.model import block_gemms
+
+    wl = cfg.workload
+    blocks = wl.model.layers * sum(block_gemms(wl))
+    head = 2.0 * wl.training.tokens_per_micro_batch * wl.model.hidden * wl.model.vocab
+    return blocks / (blocks + head)

@@ -1,0 +1,128 @@
+"""The model as a list of layers with parameters, FLOPs, activation bytes and compute time.
+
+Pure functions of the workload and the GPU; no SimPy. Formulas:
+
+* FLOPs: a GEMM of ``m x k`` by ``k x n`` costs ``2mkn``; backward costs twice forward
+  (Kaplan et al. 2020, "6N" rule); attention scores and context add ``4 b s^2 h`` forward
+  (Narayanan et al., SC 2021, Sec. 5.1).
+* Activation bytes per block with 16-bit activations: Korthikanti et al., "Reducing Activation
+  Recomputation in Large Transformer Models" (MLSys 2023, arXiv 2205.05198) Sec. 4.1:
+  attention ``11sbh + 5as^2b``, MLP ``19sbh``, norms ``4sbh`` (34sbh + 5as^2b in total),
+  generalised here to GQA widths, any FFN width and gated MLPs; flash attention does not keep the
+  ``s x s`` terms.
+* A checkpointed block keeps only its 16-bit input, ``2sbh`` bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from offsim.config.hardware import GPU
+from offsim.config.workload import DTYPE_BYTES, Workload
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One unit the schedule fetches, computes and releases.
+
+    Attributes:
+        index: position in the forward order (0 = embedding, last = LM head).
+        name: ``embed``, ``block<i>`` or ``head``.
+        params: parameters it owns.
+        fwd_flop: forward FLOPs per micro-batch.
+        fwd_s / bwd_s: compute time on the GPU per micro-batch, seconds.
+        act_full_bytes: activations a forward keeps for backward without checkpointing.
+        act_ckpt_bytes: what it keeps with checkpointing.
+    """
+
+    index: int
+    name: str
+    params: int
+    fwd_flop: float
+    fwd_s: float
+    bwd_s: float
+    act_full_bytes: float
+    act_ckpt_bytes: float
+
+    @property
+    def is_block(self) -> bool:
+        """True for transformer blocks (checkpointable), false for embedding and head."""
+        return self.name.startswith("block")
+
+
+def block_gemms(wl: Workload) -> list[float]:
+    """FLOPs of each forward GEMM of one block (QKV, attention scores+context, out, MLP)."""
+    m, t = wl.model, wl.training
+    tokens = t.tokens_per_micro_batch
+    h, f = m.hidden, m.ffn_hidden
+    kv = m.kv_heads_count * m.head_dim
+    gemms = [2.0 * tokens * h * (h + 2 * kv), 2.0 * tokens * h * h]
+    gemms += [2.0 * tokens * h * f] * (3 if m.mlp == "gated" else 2)
+    attention = 4.0 * t.micro_batch * t.seq_len**2 * h  # QK^T and AV
+    gemms.append(attention)
+    return gemms
+
+
+def block_activation_bytes(wl: Workload) -> float:
+    """Bytes one block keeps for backward without checkpointing (Korthikanti et al. Sec. 4.1)."""
+    m, t = wl.model, wl.training
+    s, b, h, f = t.seq_len, t.micro_batch, m.hidden, m.ffn_hidden
+    kv = m.kv_heads_count * m.head_dim
+    attention = 7 * s * b * h + 4 * s * b * kv  # = 11sbh for MHA: input, QKV, context, out-proj mask
+    if not t.flash_attention:
+        attention += 5 * m.heads * s * s * b  # scores, softmax, dropout mask
+    if m.mlp == "gated":
+        mlp = 2 * s * b * h + 6 * s * b * f  # input, gate, up, activation output
+    else:
+        mlp = 3 * s * b * h + 4 * s * b * f  # = 19sbh for f = 4h
+    norms = 4 * s * b * h
+    return float(attention + mlp + norms)
+
+
+def _gemm_time_s(gpu: GPU, dtype: str, flop: float, batch: int = 1) -> float:
+    """Time of ``flop`` FLOPs run as ``batch`` equal GEMMs, at the size-dependent efficiency."""
+    return flop / (gpu.peak_flops(dtype) * gpu.gemm_fraction(flop / batch))
+
+
+def block_forward_s(wl: Workload, gpu: GPU) -> float:
+    """Forward time of one block: GEMMs at their efficiency plus memory-bound elementwise work.
+
+    Elementwise work (norms, activation function, residual adds, softmax) is charged as the
+    block's activation bytes read once and written once at HBM bandwidth.
+    """
+    dtype = wl.precision.compute
+    *dense, attention = block_gemms(wl)
+    t = sum(_gemm_time_s(gpu, dtype, g) for g in dense)
+    batch_heads = wl.training.micro_batch * wl.model.heads
+    t += _gemm_time_s(gpu, dtype, attention, batch_heads)
+    t += 2 * block_activation_bytes(wl) / gpu.hbm_bytes_per_s
+    return t
+
+
+def build_layers(wl: Workload, gpu: GPU) -> list[Layer]:
+    """Embedding, ``layers`` blocks and the LM head, in forward order."""
+    m, t = wl.model, wl.training
+    tokens = t.tokens_per_micro_batch
+    act_bytes = DTYPE_BYTES["bf16"]  # activations are kept in 16-bit under mixed precision
+    hidden_bytes = act_bytes * tokens * m.hidden
+    fwd_block = block_forward_s(wl, gpu)
+    block_flop = sum(block_gemms(wl))
+    act_block = block_activation_bytes(wl)
+    layers = [Layer(0, "embed", m.embedding_params, 0.0, hidden_bytes / gpu.hbm_bytes_per_s,
+                    hidden_bytes / gpu.hbm_bytes_per_s, hidden_bytes, hidden_bytes)]
+    for i in range(m.layers):
+        layers.append(Layer(i + 1, f"block{i}", m.block_params, block_flop, fwd_block, 2 * fwd_block,
+                            act_block, hidden_bytes))
+    head_flop = 2.0 * tokens * m.hidden * m.vocab
+    head_s = _gemm_time_s(gpu, wl.precision.compute, head_flop)
+    logits_bytes = tokens * m.vocab * (2 + 4)  # 16-bit logits plus fp32 softmax for the loss
+    layers.append(Layer(m.layers + 1, "head", m.head_params, head_flop, head_s, 2 * head_s,
+                        logits_bytes + hidden_bytes, logits_bytes + hidden_bytes))
+    return layers
+
+
+def model_flop_per_iteration(wl: Workload) -> float:
+    """Model FLOPs of one optimizer step on one GPU (forward + backward, no recompute)."""
+    m = wl.model
+    per_micro = m.layers * sum(block_gemms(wl)) + 2.0 * wl.training.tokens_per_micro_batch * m.hidden * m.vocab
+    return 3.0 * per_micro * wl.training.grad_accumulation

@@ -1,0 +1,67 @@
+"""RunResult: a self-describing result (config, metrics, trace, runtime)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from offsim import __version__
+from offsim.config.run import RunConfig
+from offsim.metrics import RunMetrics
+from offsim.trace import Recorder
+
+
+@dataclass
+class RunResult:
+    """What :func:`offsim.simulate` returns.
+
+    Attributes:
+        config: the resolved configuration.
+        metrics: headline metrics (``feasible`` false with a reason when it does not fit).
+        recorder: spans and memory level samples (empty when infeasible before simulating).
+        footprint_bytes: the planner's per-tier estimate (``need`` and ``capacity``).
+        events: SimPy events processed.
+        wall_time_s: seconds the simulation took.
+    """
+
+    config: RunConfig
+    metrics: RunMetrics
+    recorder: Recorder = field(default_factory=Recorder)
+    footprint_bytes: dict[str, dict[str, float]] = field(default_factory=dict)
+    events: int = 0
+    wall_time_s: float = 0.0
+
+    @property
+    def feasible(self) -> bool:
+        """True when the configuration fits and was simulated."""
+        return self.metrics.feasible
+
+    def spans(self) -> pd.DataFrame:
+        """Per-op spans (compute, transfers, stalls) as a DataFrame."""
+        return self.recorder.spans_frame()
+
+    def levels(self) -> pd.DataFrame:
+        """Memory level per tier over time as a DataFrame."""
+        return self.recorder.levels_frame()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Metrics plus what produced them, JSON-serialisable."""
+        return {
+            **self.metrics.model_dump(),
+            "hardware": self.config.hardware.name,
+            "workload": self.config.workload.name,
+            "strategy": self.config.strategy.name,
+            "iterations": self.config.iterations,
+            "warmup_iterations": self.config.warmup_iterations,
+            "footprint_bytes": self.footprint_bytes,
+            "events": self.events,
+            "wall_time_s": self.wall_time_s,
+            "offsim_version": __version__,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent)

@@ -1,0 +1,80 @@
+"""Records the engine emits: spans (something busy on a resource) and memory level samples.
+
+The engine writes to a :class:`Recorder`; sweeps that need only metrics still use one (spans are
+how the metrics are computed) but skip the DataFrame conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+SPAN_COLUMNS = ["iteration", "phase", "resource", "kind", "name", "layer", "start_s", "end_s", "bytes"]
+LEVEL_COLUMNS = ["t_s", "tier", "bytes"]
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One interval of activity.
+
+    Attributes:
+        iteration: optimizer step it belongs to.
+        phase: ``forward``, ``backward`` or ``optimizer``.
+        resource: the track it lies on (``gpu``, ``h2d``, ``d2h``, ``nvme_read``, ``nvme_write``,
+            ``cpu``, ``dram_copy``, ``gpu_link``, ``gpu_stall``).
+        kind: what it is (``compute``, ``recompute``, ``param_fetch``, ``grad_offload``, ...).
+        name: a readable label, e.g. ``block3 params``.
+        layer: layer index, or -1 when not tied to one layer (optimizer sub-groups use -1).
+        bytes: bytes moved (0 for compute).
+    """
+
+    iteration: int
+    phase: str
+    resource: str
+    kind: str
+    name: str
+    layer: int
+    start_s: float
+    end_s: float
+    bytes: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LevelSample:
+    """Bytes resident in ``tier`` from ``t_s`` on (per GPU for gpu; per node for host and nvme)."""
+
+    t_s: float
+    tier: str
+    bytes: float
+
+
+@dataclass
+class Recorder:
+    """Collects spans, level samples and iteration boundaries."""
+
+    spans: list[Span] = field(default_factory=list)
+    levels: list[LevelSample] = field(default_factory=list)
+    iteration_starts_s: list[float] = field(default_factory=list)
+    phases: list[tuple[int, str, float, float]] = field(default_factory=list)
+    end_s: float = 0.0
+
+    def phase(self, iteration: int, name: str, start_s: float, end_s: float) -> None:
+        """Record that the main process spent ``[start_s, end_s]`` of ``iteration`` in phase ``name``."""
+        self.phases.append((iteration, name, start_s, end_s))
+
+    def span(self, span: Span) -> None:
+        """Record one span."""
+        self.spans.append(span)
+
+    def level(self, t_s: float, tier: str, nbytes: float) -> None:
+        """Record a memory level change."""
+        self.levels.append(LevelSample(t_s, tier, nbytes))
+
+    def spans_frame(self) -> pd.DataFrame:
+        """Spans as a DataFrame with :data:`SPAN_COLUMNS`."""
+        return pd.DataFrame([asdict(s) for s in self.spans], columns=SPAN_COLUMNS)
+
+    def levels_frame(self) -> pd.DataFrame:
+        """Level samples as a DataFrame with :data:`LEVEL_COLUMNS`."""
+        return pd.DataFrame([asdict(s) for s in self.levels], columns=LEVEL_COLUMNS)
