@@ -6,7 +6,7 @@ builds a :class:`~offsim.config.workload.Workload` around them:
 - **llama-style** (``llama``, ``mistral``, ``qwen2`` and any other ``model_type`` with the same
   keys): ``num_hidden_layers``, ``hidden_size``, ``intermediate_size``, ``num_attention_heads``,
   ``num_key_value_heads`` (default: ``num_attention_heads``), ``vocab_size``,
-  ``max_position_embeddings``, ``tie_word_embeddings`` (default false). RMSNorm, no biases,
+  ``max_position_embeddings``, ``tie_word_embeddings`` (default false; true for Gemma). RMSNorm, no biases,
   rotary positions; ``hidden_act`` silu/swish gives a gated (SwiGLU) MLP, anything else a
   standard one (Gemma's gated GELU counts as gated).
 - **gpt2**: ``n_layer``, ``n_embd``, ``n_head``, ``n_inner`` (default ``4 * n_embd``),
@@ -122,7 +122,7 @@ def workload_from_hf_config(
     shape = mapper(keys)
     context = shape.get("max_positions")
     if context is None and seq_len is None:
-        keys.missing.append("max_position_embeddings")
+        keys.missing.append("max_position_embeddings (or pass seq_len)")
     keys.raise_if_bad()
     _check_heads(shape, path, data)
     if context is None:
@@ -191,7 +191,10 @@ def _rotary_common(k: _Keys) -> dict[str, Any]:
         "hidden": k.integer("hidden_size"),
         "ffn_hidden": k.integer("intermediate_size"),
         "vocab": k.integer("vocab_size"),
-        "tied_embeddings": k.flag("tie_word_embeddings", False),
+        # Gemma's config class ties by default and its config.json files often omit the key.
+        "tied_embeddings": k.flag(
+            "tie_word_embeddings", str(k.data.get("model_type", "")).startswith("gemma")
+        ),
         "learned_positions": False,
         "max_positions": _optional_int(k, "max_position_embeddings"),
     }

@@ -1,0 +1,1 @@
+"""CLI extensions: each module here defines ``register(app)`` and adds its commands."""

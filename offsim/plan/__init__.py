@@ -1,0 +1,1 @@
+"""Planning: pure functions from a RunConfig to layers, sizes and footprints (no SimPy)."""

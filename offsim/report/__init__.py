@@ -1,0 +1,1 @@
+"""Reports: traces, figures and HTML pages built from results (no plotting in the engine)."""
