@@ -61,6 +61,9 @@ class Engine:
         buf = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
         self.staging = simpy.Container(self.env, capacity=max(buf, 1.0), init=max(buf, 1.0))
         self.pending: list[simpy.Event] = []
+        # CUDA streams and aio queues: work on one stream runs in issue order, different
+        # streams run concurrently and share bandwidth (DeepSpeed prefetches on one side stream)
+        self.streams: dict[str, simpy.Resource] = {}
         # gradient buffers on the GPU waiting for their copy to the host (double buffering, as
         # DeepSpeed's reduce buckets): backward stalls when both are still in flight
         self.grad_slots = simpy.Resource(self.env, capacity=2)
@@ -87,6 +90,14 @@ class Engine:
         if pl.params == "nvme":
             total += sz.param_bytes / sz.param_part
         return total
+
+    def _on_stream(self, stream: str, work: Generator) -> Generator:
+        """Run ``work`` on a named in-order stream."""
+        if stream not in self.streams:
+            self.streams[stream] = simpy.Resource(self.env, capacity=1)
+        with self.streams[stream].request() as req:
+            yield req
+            yield from work
 
     def _on_flow_done(self, flow: Flow) -> None:
         m = flow.meta
@@ -120,13 +131,14 @@ class Engine:
         if home == "nvme":
             take = min(part, self.staging.capacity)
             yield self.staging.get(take)
-            yield from self.io.nvme_read(part, **meta)
-            yield from self.io.h2d(part, **meta)
+            yield from self._on_stream("param_nvme", self.io.nvme_read(part, **meta))
+            yield from self._on_stream("param_h2d", self.io.h2d(part, **meta))
             yield self.staging.put(take)
         elif home == "cpu":
-            yield from self.io.h2d(part, pinned=self.st.pin_memory, **meta)
+            yield from self._on_stream("param_h2d", self.io.h2d(part, pinned=self.st.pin_memory, **meta))
         if self.sz.param_part > 1:
-            yield from self.io.collective(full, 1.0, **{**meta, "kind": "param_allgather"})
+            gather = self.io.collective(full, 1.0, **{**meta, "kind": "param_allgather"})
+            yield from self._on_stream("param_gather", gather)
 
     def _start_fetch(self, index: int) -> simpy.Process:
         meta = self._meta("param_fetch", f"{self.layers[index].name} params", index)
@@ -149,11 +161,11 @@ class Engine:
         nbytes = self._kept_bytes(layer)
         host = "host_pinned" if self.st.pin_memory else "host_pageable"
         self.ledger.alloc(host, nbytes, f"{layer.name} offloaded activations")
-        yield from self.io.d2h(nbytes, pinned=self.st.pin_memory, **meta)
+        yield from self._on_stream("act_d2h", self.io.d2h(nbytes, pinned=self.st.pin_memory, **meta))
         self.ledger.free("gpu", nbytes)
         if self.st.placement.activations == "nvme":
             self.ledger.alloc("nvme", nbytes, f"{layer.name} activations on nvme")
-            yield from self.io.nvme_write(nbytes, **meta)
+            yield from self._on_stream("act_nvme", self.io.nvme_write(nbytes, **meta))
             self.ledger.free(host, nbytes)
 
     def _fetch_activation(self, layer: Layer, meta: dict) -> Generator:
@@ -163,9 +175,9 @@ class Engine:
         host = "host_pinned" if self.st.pin_memory else "host_pageable"
         if self.st.placement.activations == "nvme":
             self.ledger.alloc(host, nbytes, f"{layer.name} activations staging")
-            yield from self.io.nvme_read(nbytes, **meta)
+            yield from self._on_stream("act_nvme", self.io.nvme_read(nbytes, **meta))
             self.ledger.free("nvme", nbytes)
-        yield from self.io.h2d(nbytes, pinned=self.st.pin_memory, **meta)
+        yield from self._on_stream("act_h2d", self.io.h2d(nbytes, pinned=self.st.pin_memory, **meta))
         self.ledger.free(host, nbytes)
 
     # ---------------------------------------------------------------- forward / backward
@@ -232,22 +244,24 @@ class Engine:
         self.ledger.alloc("gpu", full, f"{layer.name} gradient buffer")
         if self.sz.dp > 1:
             factor = 1.0 if self.st.zero_stage >= 2 else 2.0
-            yield from self.io.collective(full, factor, **{**meta, "kind": "grad_reduce"})
+            reduce = self.io.collective(full, factor, **{**meta, "kind": "grad_reduce"})
+            yield from self._on_stream("grad_reduce", reduce)
         part = full / self.sz.grad_part
-        yield from self.io.d2h(part, pinned=self.st.pin_memory, **meta)
+        yield from self._on_stream("grad_d2h", self.io.d2h(part, pinned=self.st.pin_memory, **meta))
         self.ledger.free("gpu", full)
         self.grad_slots.release(slot)
         local_params = layer.params / self.sz.grad_part
         hg = self.sz.host_grad_bytes_per_param
         if self.st.placement.grads == "nvme":
             cast = {**meta, "kind": "grad_cast", "name": f"{layer.name} grads to fp32"}
-            yield from self.io.host_copy(local_params * (self.bpp_grad + hg), **cast)
+            yield from self._on_stream("grad_host", self.io.host_copy(local_params * (self.bpp_grad + hg), **cast))
             if mb > 0:
-                yield from self.io.nvme_read(local_params * hg, **meta)
-            yield from self.io.nvme_write(local_params * hg, **meta)
+                yield from self._on_stream("grad_nvme", self.io.nvme_read(local_params * hg, **meta))
+            yield from self._on_stream("grad_nvme", self.io.nvme_write(local_params * hg, **meta))
         else:  # accumulate into the fp32 host gradient: read 16-bit, read-modify-write fp32
             acc = {**meta, "kind": "grad_accumulate", "name": f"{layer.name} grads accumulate"}
-            yield from self.io.host_copy(local_params * (self.bpp_grad + (2 if mb else 1) * hg), **acc)
+            dram = local_params * (self.bpp_grad + (2 if mb else 1) * hg)
+            yield from self._on_stream("grad_host", self.io.host_copy(dram, **acc))
 
     # ---------------------------------------------------------------- optimizer
     def _optimizer_dram_bytes_per_param(self) -> float:
