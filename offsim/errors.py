@@ -23,19 +23,18 @@ class InfeasibleError(OffsimError):
     """
 
     def __init__(self, tier: str, need_bytes: float, capacity_bytes: float, detail: str = "") -> None:
+        # the positional args are kept so that the error can be re-created from ``args``
+        # (SimPy does this when a process fails)
+        super().__init__(tier, need_bytes, capacity_bytes, detail)
         self.tier = tier
         self.need_bytes = float(need_bytes)
         self.capacity_bytes = float(capacity_bytes)
         self.detail = detail
+
+    def __str__(self) -> str:
         gib = 2**30
         msg = (
-            f"{tier} memory: needs {self.need_bytes / gib:.2f} GiB but has "
+            f"{self.tier} memory: needs {self.need_bytes / gib:.2f} GiB but has "
             f"{self.capacity_bytes / gib:.2f} GiB"
         )
-        if detail:
-            msg += f" ({detail})"
-        super().__init__(msg)
-
-
-class PolicyError(OffsimError):
-    """A policy returned an illegal decision (names the policy and the op where it happened)."""
+        return f"{msg} ({self.detail})" if self.detail else msg

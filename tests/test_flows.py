@@ -1,0 +1,109 @@
+"""Hand-computed timelines of the flow network (SimPy + max-min fair sharing).
+
+The `tiny` profile has 1 GB/s pinned PCIe per direction with zero latency, so a 1 GB (1e9 B)
+copy alone takes exactly 1 s.
+"""
+
+from __future__ import annotations
+
+import simpy
+import pytest
+
+from offsim.config.run import make_run_config
+from offsim.engine.flows import Flow, FlowNetwork, max_min_rates
+from offsim.engine.transfers import Transfers, resource_capacities
+from offsim.plan.footprint import state_sizes
+
+GB = 1e9
+
+
+def _transfers(profile: str = "tiny", strategy: str = "zero-infinity-cpu") -> tuple[simpy.Environment, Transfers, list]:
+    cfg = make_run_config(profile, "tiny", strategy)
+    sz = state_sizes(cfg)
+    env = simpy.Environment()
+    finished: list[tuple[str, float, float]] = []
+    net = FlowNetwork(env, resource_capacities(cfg, sz),
+                      on_finish=lambda f: finished.append((f.meta["name"], f.start_s, env.now)))
+    return env, Transfers(env, net, cfg, sz, nvme_write_bytes_per_s=0.5 * GB), finished
+
+
+def _run(env: simpy.Environment, *gens) -> None:
+    for g in gens:
+        env.process(g)
+    env.run()
+
+
+def test_one_transfer_takes_bytes_over_bandwidth() -> None:
+    env, io, done = _transfers()
+    _run(env, io.h2d(1 * GB, name="a"))
+    assert done == [("a", 0.0, pytest.approx(1.0))]
+
+
+def test_two_flows_on_one_link_each_get_half() -> None:
+    """Two 1 GB H2D copies started together share 1 GB/s: both end at 2 s."""
+    env, io, done = _transfers()
+    _run(env, io.h2d(1 * GB, name="a"), io.h2d(1 * GB, name="b"))
+    assert sorted(done) == [("a", 0.0, pytest.approx(2.0)), ("b", 0.0, pytest.approx(2.0))]
+
+
+def test_late_flow_shares_then_runs_alone() -> None:
+    """a starts at 0, b at 0.5 s. a has 0.5 GB left at 0.5 s and gets half the link, so it ends
+    at 1.5 s; b then has 0.5 GB left, alone at 1 GB/s, and ends at 2.0 s."""
+    env, io, done = _transfers()
+
+    def late():
+        yield env.timeout(0.5)
+        yield from io.h2d(1 * GB, name="b")
+
+    _run(env, io.h2d(1 * GB, name="a"), late())
+    assert dict((n, e) for n, _, e in done) == {"a": pytest.approx(1.5), "b": pytest.approx(2.0)}
+
+
+def test_h2d_and_d2h_run_at_full_rate_together() -> None:
+    env, io, done = _transfers()
+    _run(env, io.h2d(1 * GB, name="up"), io.d2h(1 * GB, name="down"))
+    assert sorted(done) == [("down", 0.0, pytest.approx(1.0)), ("up", 0.0, pytest.approx(1.0))]
+
+
+def test_pageable_copy_is_capped_by_its_curve() -> None:
+    """tiny's pageable rate is 0.5 GB/s: 1 GB takes 2 s, and it stages through host memcpy."""
+    env, io, done = _transfers()
+    _run(env, io.h2d(1 * GB, pinned=False, name="p"))
+    assert done == [("p", 0.0, pytest.approx(2.0))]
+
+
+def test_nvme_reads_and_writes_share_the_drive() -> None:
+    """tiny's drive reads at 1 GB/s and writes at 0.5 GB/s, so a byte read costs 1 ns of the
+    drive's time and a byte written 2 ns. Together, max-min fairness gives both the same byte rate
+    r with r*1 + r*2 = 1 GB/s of drive time: r = 1/3 GB/s, and both 0.5 GB flows end at 1.5 s
+    (alone they would take 0.5 s and 1 s)."""
+    env, io, done = _transfers("tiny", "zero-infinity-nvme")
+    _run(env, io.nvme_read(0.5 * GB, name="r"), io.nvme_write(0.5 * GB, name="w"))
+    assert dict((n, e) for n, _, e in done) == {"r": pytest.approx(1.5), "w": pytest.approx(1.5)}
+
+
+def test_copy_engines_bound_concurrent_dma() -> None:
+    """With one copy engine, a second copy waits for the first instead of sharing the link."""
+    env, io, done = _transfers()
+    io.copy_engines = simpy.Resource(env, capacity=1)
+    _run(env, io.h2d(1 * GB, name="a"), io.h2d(1 * GB, name="b"))
+    assert dict((n, (s, e)) for n, s, e in done) == {
+        "a": (0.0, pytest.approx(1.0)), "b": (pytest.approx(1.0), pytest.approx(2.0))}
+
+
+def test_max_min_fairness_gives_leftover_to_uncapped_flows() -> None:
+    """Link of 10: a flow capped at 2 gets 2, the two others split the remaining 8."""
+    env = simpy.Environment()
+    flows = [Flow(n, 1.0, {"link": 1.0}, cap, env.event(), 0.0) for n, cap in
+             (("small", 2.0), ("x", 100.0), ("y", 100.0))]
+    rates = max_min_rates(flows, {"link": 10.0})
+    assert [rates[f] for f in flows] == [pytest.approx(2.0), pytest.approx(4.0), pytest.approx(4.0)]
+
+
+def test_max_min_with_two_bottlenecks() -> None:
+    """a uses links A (cap 1) and B (cap 10); b uses B only. a is held to 1 by A, b gets 9."""
+    env = simpy.Environment()
+    a = Flow("a", 1.0, {"A": 1.0, "B": 1.0}, 1e9, env.event(), 0.0)
+    b = Flow("b", 1.0, {"B": 1.0}, 1e9, env.event(), 0.0)
+    rates = max_min_rates([a, b], {"A": 1.0, "B": 10.0})
+    assert (rates[a], rates[b]) == (pytest.approx(1.0), pytest.approx(9.0))

@@ -1,0 +1,140 @@
+"""Hand-computed timelines of whole iterations on the `tiny` profile.
+
+The layers are built by hand (three blocks of 5e8 parameters = 1 GB in bf16, no embedding or
+head, no activations) so every time below is worked out from tiny's round numbers:
+PCIe 1 GB/s per direction, host copies 10 GB/s, CPU Adam 1e9 params/s, DRAM 100 GB/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import simpy
+
+from offsim.config.run import RunConfig
+from offsim.engine.simulate import Engine
+from offsim.plan.footprint import state_sizes
+from offsim.plan.model import Layer
+from offsim.trace import Recorder
+from tests.conftest import strategy
+
+PARAMS = 500_000_000  # 1 GB of bf16 per layer
+
+
+def _big_gpu(profile):
+    """tiny with a 64 GiB GPU, so that the whole 1.5e9-parameter model and its state fit."""
+    return profile.model_copy(update={"gpu": profile.gpu.model_copy(update={"memory_gib": 64.0})})
+
+
+def _run(profile, workload, st, fwd_s: float, bwd_s: float) -> Recorder:
+    if st.placement.params == "gpu":
+        profile = _big_gpu(profile)
+    cfg = RunConfig(hardware=profile, workload=workload, strategy=st, iterations=1, warmup_iterations=0)
+    layers = tuple(Layer(i, f"block{i}", PARAMS, 0.0, fwd_s, bwd_s, 0.0, 0.0) for i in range(3))
+    sz = dataclasses.replace(state_sizes(cfg), layers=layers, params_total=3 * PARAMS,
+                             param_bytes=3 * PARAMS * 2.0, grad_bytes=3 * PARAMS * 2.0)
+    rec = Recorder()
+    engine = Engine(cfg, sz, rec)
+    engine.env.process(engine.run())
+    engine.env.run()
+    return rec
+
+
+def _spans(rec: Recorder, resource: str, kind: str | None = None) -> list[tuple[str, float, float]]:
+    return [(s.name, round(s.start_s, 9), round(s.end_s, 9)) for s in rec.spans
+            if s.resource == resource and (kind is None or s.kind == kind)]
+
+
+def _phases(rec: Recorder) -> dict[str, float]:
+    return {name: pytest.approx(end - start) for _, name, start, end in rec.phases}
+
+
+STREAMED = dict(zero_stage=3, placement={"params": "cpu", "grads": "cpu", "optimizer_states": "cpu",
+                                         "activations": "gpu"},
+                optimizer_device="cpu", prefetch_depth=1, reuse_distance_params=0.0)
+
+
+def test_transfer_bound_layers(tiny_profile, tiny_workload) -> None:
+    """Fetching a layer (1 s) takes longer than computing it (0.25 s fwd, 0.5 s bwd).
+
+    Forward: fetches run in order on one stream: L0 [0,1], L1 [1,2], L2 [2,3]; each layer
+    computes as soon as its fetch ends: [1,1.25], [2,2.25], [3,3.25]. L2 is kept for backward
+    (it is the next op). Backward: L2 [3.25,3.75] while L1 is re-fetched [3.25,4.25]; L1
+    [4.25,4.75] while L0 is fetched [4.25,5.25]; L0 [5.25,5.75]. Gradients (1 GB each) go D2H in
+    order: L2 [3.75,4.75], L1 [4.75,5.75], L0 [5.75,6.75]; each is then accumulated into fp32 on
+    the host (5e8 x (2 + 4) B = 3 GB of DRAM traffic at 10 GB/s = 0.3 s), the last ending at 7.05.
+    The CPU step (1.5e9 params at 1e9/s, two sub-groups) runs [7.05, 8.55].
+    """
+    rec = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=0.25, bwd_s=0.5)
+    assert _spans(rec, "gpu") == [
+        ("block0 forward", 1.0, 1.25), ("block1 forward", 2.0, 2.25), ("block2 forward", 3.0, 3.25),
+        ("block2 backward", 3.25, 3.75), ("block1 backward", 4.25, 4.75), ("block0 backward", 5.25, 5.75),
+    ]
+    assert _spans(rec, "h2d") == [
+        ("block0 params", 0.0, 1.0), ("block1 params", 1.0, 2.0), ("block2 params", 2.0, 3.0),
+        ("block1 params", 3.25, 4.25), ("block0 params", 4.25, 5.25),
+    ]
+    assert _spans(rec, "d2h") == [
+        ("block2 grads", 3.75, 4.75), ("block1 grads", 4.75, 5.75), ("block0 grads", 5.75, 6.75)]
+    assert _spans(rec, "cpu") == [("CPU Adam sub-group 0", 7.05, 7.8), ("CPU Adam sub-group 1", 7.8, 8.55)]
+    assert _phases(rec) == {"forward": 3.25, "backward": 2.5, "optimizer": 2.8}
+    assert rec.end_s == pytest.approx(8.55)
+
+
+def test_compute_bound_layers_hide_all_but_the_first_fetch(tiny_profile, tiny_workload) -> None:
+    """Computing a layer (2 s) takes longer than fetching it (1 s): with prefetch depth 1 only
+    L0's fetch is exposed. Forward: L0 [1,3], L1 [3,5] (fetched [1,2]), L2 [5,7] (fetched [3,4])."""
+    rec = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=2.0, bwd_s=4.0)
+    fwd = [s for s in _spans(rec, "gpu") if "forward" in s[0]]
+    assert fwd == [("block0 forward", 1.0, 3.0), ("block1 forward", 3.0, 5.0), ("block2 forward", 5.0, 7.0)]
+    stalls = [s for s in rec.spans if s.resource == "gpu_stall" and s.phase == "forward"]
+    assert [(s.start_s, s.end_s) for s in stalls] == [(0.0, pytest.approx(1.0))]
+
+
+def test_prefetch_depth_zero_exposes_every_fetch(tiny_profile, tiny_workload) -> None:
+    """Depth 0 fetches on demand: each forward layer waits its full 1 s fetch."""
+    st = strategy(**{**STREAMED, "prefetch_depth": 0})
+    rec = _run(tiny_profile, tiny_workload, st, fwd_s=2.0, bwd_s=4.0)
+    fwd = [s for s in _spans(rec, "gpu") if "forward" in s[0]]
+    assert fwd == [("block0 forward", 1.0, 3.0), ("block1 forward", 4.0, 6.0), ("block2 forward", 7.0, 9.0)]
+
+
+def test_gpu_resident_params_move_nothing(tiny_profile, tiny_workload) -> None:
+    """gpu-only: no transfers at all; the iteration is compute plus the GPU Adam step.
+
+    GPU Adam touches 2 x 12 + 2 + 2 = 28 B per parameter: 1.5e9 x 28 B / 1000 GB/s = 0.042 s.
+    """
+    st = strategy(zero_stage=0, prefetch_depth=0)
+    rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
+    assert [s for s in rec.spans if s.resource in ("h2d", "d2h", "nvme_read", "nvme_write")] == []
+    assert rec.end_s == pytest.approx(3 * 0.75 + 1.5e9 * 28 / 1e12)
+
+
+def test_blocking_gradient_offload_stalls_backward(tiny_profile, tiny_workload) -> None:
+    """Without overlap each backward layer waits for its gradients to reach the host: the 1 s
+    copy plus the 0.3 s fp32 accumulation. L2 [3.25,3.75] then waits [3.75,5.05]; L1 (fetched
+    [3.25,4.25]) runs [5.05,5.55] and waits [5.55,6.85] while L0 is fetched [5.05,6.05]; L0 runs
+    [6.85,7.35] and waits [7.35,8.65]. Backward: 8.65 - 3.25 = 5.4 s (2.5 s when overlapped)."""
+    st = strategy(**{**STREAMED, "overlap_grad_offload": False})
+    rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
+    stalls = [s for s in rec.spans if s.resource == "gpu_stall" and "gradient offload" in s.name]
+    assert [(s.start_s, s.end_s) for s in stalls] == [
+        (pytest.approx(3.75), pytest.approx(5.05)), (pytest.approx(5.55), pytest.approx(6.85)),
+        (pytest.approx(7.35), pytest.approx(8.65))]
+    assert _phases(rec)["backward"] == pytest.approx(5.4)
+
+
+def test_activation_checkpointing_recomputes_each_block(tiny_profile, tiny_workload) -> None:
+    """With checkpointing a block's backward is preceded by a recompute of its forward."""
+    st = strategy(zero_stage=0, prefetch_depth=0, activation_checkpointing=True)
+    rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
+    kinds = [s.kind for s in rec.spans if s.resource == "gpu" and s.phase == "backward"]
+    assert kinds == ["recompute", "backward"] * 3
+
+
+def test_simpy_is_deterministic(tiny_profile, tiny_workload) -> None:
+    a = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=0.25, bwd_s=0.5)
+    b = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=0.25, bwd_s=0.5)
+    assert a.spans == b.spans and a.levels == b.levels
+    assert isinstance(simpy.Environment(), simpy.Environment)
