@@ -1,0 +1,124 @@
+"""Hypothesis invariants of whole simulations on small random models on the `tiny` profile."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from offsim import load_profile, load_strategy, load_workload, simulate
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import capacities, state_sizes
+from offsim.plan.model import build_layers
+
+PRESETS = ["gpu-only", "zero-offload", "zero-offload-dpu", "zero-infinity-cpu", "zero-infinity-nvme"]
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@hs.composite
+def configs(draw) -> RunConfig:
+    """A random small model, batch and strategy on tiny."""
+    wl = load_workload("tiny")
+    heads = draw(hs.sampled_from([4, 8]))
+    model = wl.model.model_copy(update={
+        "layers": draw(hs.integers(1, 6)), "hidden": heads * draw(hs.sampled_from([32, 64, 128])),
+        "heads": heads, "ffn_hidden": draw(hs.sampled_from([512, 1024, 2048])),
+    })
+    training = wl.training.model_copy(update={
+        "seq_len": draw(hs.sampled_from([128, 256, 512])), "micro_batch": draw(hs.integers(1, 2)),
+        "grad_accumulation": draw(hs.integers(1, 2)),
+        "activation_checkpointing": draw(hs.booleans()),
+    })
+    st = load_strategy(draw(hs.sampled_from(PRESETS)))
+    st = st.model_copy(update={"prefetch_depth": draw(hs.integers(0, 3))})
+    return RunConfig(hardware=load_profile("tiny"), workload=wl.model_copy(update={"model": model, "training": training}),
+                     strategy=st, iterations=3 if not st.delayed_param_update else 3, warmup_iterations=1)
+
+
+def _faster_pcie(cfg: RunConfig, factor: float) -> RunConfig:
+    link = cfg.hardware.host_link
+
+    def scale(direction):
+        return direction.model_copy(update={
+            "pinned": direction.pinned.model_copy(update={"bandwidth_gb_per_s": direction.pinned.bandwidth_gb_per_s * factor}),
+            "pageable": direction.pageable.model_copy(update={"bandwidth_gb_per_s": direction.pageable.bandwidth_gb_per_s * factor}),
+        })
+
+    hw = cfg.hardware.model_copy(update={"host_link": link.model_copy(update={"h2d": scale(link.h2d), "d2h": scale(link.d2h)})})
+    return cfg.model_copy(update={"hardware": hw})
+
+
+@SETTINGS
+@given(configs())
+def test_no_tier_above_capacity(cfg: RunConfig) -> None:
+    r = simulate(cfg)
+    if r.feasible:
+        cap = capacities(cfg)
+        for tier, peak in r.metrics.peak_bytes.model_dump().items():
+            assert peak <= cap[tier] * (1 + 1e-9), tier
+
+
+@SETTINGS
+@given(configs())
+def test_iteration_time_at_least_compute_and_bytes_over_bandwidth(cfg: RunConfig) -> None:
+    r = simulate(cfg)
+    if not r.feasible:
+        return
+    m = r.metrics
+    layers = build_layers(cfg.workload, cfg.hardware.gpu)
+    compute = cfg.workload.training.grad_accumulation * sum(lay.fwd_s + lay.bwd_s for lay in layers)
+    link = cfg.hardware.host_link
+    bounds = [compute,
+              m.traffic_bytes.h2d / link.h2d.pinned.peak_bytes_per_s,
+              m.traffic_bytes.d2h / link.d2h.pinned.peak_bytes_per_s]
+    nv = cfg.hardware.nvme
+    bounds.append(m.traffic_bytes.nvme_read / nv.read_bytes_per_s + m.traffic_bytes.nvme_write / nv.write_bytes_per_s)
+    assert m.iteration_time_s >= max(bounds) * (1 - 1e-9)
+
+
+@SETTINGS
+@given(configs())
+def test_bytes_are_conserved(cfg: RunConfig) -> None:
+    """Every gradient offloaded once per micro-batch; optimizer state read as much as written;
+    updated parameters sent home once per step."""
+    r = simulate(cfg)
+    if not r.feasible:
+        return
+    sz = state_sizes(cfg)
+    st, spans = cfg.strategy, r.spans()
+    steady = spans[spans.iteration.isin(range(cfg.warmup_iterations, cfg.iterations - (1 if st.delayed_param_update else 0)))]
+    n_steady = steady.iteration.nunique()
+    per_it = steady.groupby(["resource", "kind"]).bytes.sum() / n_steady
+    ga = cfg.workload.training.grad_accumulation
+    if st.placement.grads != "gpu":
+        assert per_it["d2h", "grad_offload"] == pytest.approx(ga * sz.grad_bytes / sz.grad_part)
+    if st.placement.optimizer_states == "nvme":
+        assert per_it["nvme_write", "optimizer_swap_out"] == pytest.approx(sz.local_params * sz.optimizer_bytes_per_param)
+    if st.placement.params == "gpu" and st.optimizer_device == "cpu":
+        assert per_it["h2d", "param_update"] == pytest.approx(sz.param_bytes)
+
+
+@SETTINGS
+@given(configs())
+def test_gpu_only_moves_nothing_when_it_fits(cfg: RunConfig) -> None:
+    cfg = cfg.model_copy(update={"strategy": load_strategy("gpu-only")})
+    r = simulate(cfg)
+    if r.feasible:
+        t = r.metrics.traffic_bytes
+        assert (t.h2d, t.d2h, t.nvme_read, t.nvme_write) == (0.0, 0.0, 0.0, 0.0)
+
+
+@SETTINGS
+@given(configs(), hs.sampled_from([1.5, 2.0, 4.0]))
+def test_more_pcie_bandwidth_is_never_slower(cfg: RunConfig, factor: float) -> None:
+    slow, fast = simulate(cfg), simulate(_faster_pcie(cfg, factor))
+    if slow.feasible:
+        assert fast.metrics.iteration_time_s <= slow.metrics.iteration_time_s * (1 + 1e-9)
+
+
+@SETTINGS
+@given(configs())
+def test_same_input_same_result(cfg: RunConfig) -> None:
+    a, b = simulate(cfg), simulate(cfg)
+    assert a.metrics == b.metrics
+    assert a.recorder.spans == b.recorder.spans
