@@ -53,6 +53,8 @@ class Strategy(Frozen):
         pinned_buffer_count / pinned_buffer_mib: pinned staging buffers for NVMe traffic
             (DeepSpeed aio ``buffer_count``, ``buffer_size``).
         sub_group_params: parameters per optimizer sub-group (DeepSpeed ``sub_group_size``).
+        reduce_bucket_params: gradient elements gathered on the GPU before one reduction and
+            copy to the host (DeepSpeed ``reduce_bucket_size``); bounds the gradient buffers.
         optimizer_swap_pipeline: overlap reading the next sub-group and writing the previous
             one with the update of the current (DeepSpeed ``pipeline_read``/``pipeline_write``).
         overlap_grad_offload: gradients leave the GPU while backward continues; off means
@@ -77,6 +79,7 @@ class Strategy(Frozen):
     pinned_buffer_count: int = Field(default=4, ge=1)
     pinned_buffer_mib: float = Field(default=256.0, gt=0)
     sub_group_params: float = Field(default=1e9, gt=0)
+    reduce_bucket_params: float = Field(default=5e8, gt=0)
     optimizer_swap_pipeline: bool = True
     overlap_grad_offload: bool = True
     delayed_param_update: bool = False

@@ -24,7 +24,7 @@ from offsim.engine.fetcher import ParamFetcher, build_ops
 from offsim.engine.flows import Flow, FlowNetwork
 from offsim.engine.ledger import MemoryLedger
 from offsim.engine.transfers import Transfers, duplex_rule, resource_capacities
-from offsim.plan.footprint import StateSizes, capacities, params_streamed, round_pinned
+from offsim.plan.footprint import StateSizes, capacities, grad_buffer_bytes, params_streamed, round_pinned
 from offsim.plan.model import Layer
 from offsim.trace import Recorder, Span
 
@@ -58,6 +58,7 @@ class Engine:
         self.bpp_grad = sz.grad_bytes / sz.params_total
         self.ckpt = cfg.activation_checkpointing
         self.streamed = params_streamed(cfg)
+        self.grad_buffer_bytes = grad_buffer_bytes(cfg, sz)
         buf = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
         self.staging = simpy.Container(self.env, capacity=max(buf, 1.0), init=max(buf, 1.0))
         self.pending: list[simpy.Event] = []
@@ -149,7 +150,7 @@ class Engine:
 
     # ---------------------------------------------------------------- activations
     def _kept_bytes(self, layer: Layer) -> float:
-        return layer.act_ckpt_bytes if (self.ckpt and layer.is_block) else layer.act_full_bytes
+        return layer.kept_bytes(self.ckpt)
 
     def _offloads_activation(self, layer: Layer) -> bool:
         """Offload unless backward needs it within the prefetch window (the last layers)."""
@@ -212,7 +213,7 @@ class Engine:
             yield from self._wait(ready, layer, "params")
         kept = self._kept_bytes(layer)
         recompute = self.ckpt and layer.is_block
-        work = layer.act_full_bytes * (2 if recompute else 1)  # recomputed activations + their gradients
+        work = layer.backward_work_bytes(self.ckpt)
         self.ledger.alloc("gpu", work, f"{layer.name} backward working memory")
         if recompute:
             yield from self._compute(layer.fwd_s, "recompute", layer)
@@ -241,14 +242,15 @@ class Engine:
 
     def _offload_grads(self, layer: Layer, mb: int, slot: simpy.Event, meta: dict) -> Generator:
         full = layer.params * self.bpp_grad
-        self.ledger.alloc("gpu", full, f"{layer.name} gradient buffer")
+        held = min(full, self.grad_buffer_bytes)
+        self.ledger.alloc("gpu", held, f"{layer.name} gradient buffer")
         if self.sz.dp > 1:
             factor = 1.0 if self.st.zero_stage >= 2 else 2.0
             reduce = self.io.collective(full, factor, **{**meta, "kind": "grad_reduce"})
             yield from self._on_stream("grad_reduce", reduce)
         part = full / self.sz.grad_part
         yield from self._on_stream("grad_d2h", self.io.d2h(part, pinned=self.st.pin_memory, **meta))
-        self.ledger.free("gpu", full)
+        self.ledger.free("gpu", held)
         self.grad_slots.release(slot)
         local_params = layer.params / self.sz.grad_part
         hg = self.sz.host_grad_bytes_per_param

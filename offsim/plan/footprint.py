@@ -134,7 +134,14 @@ def gpu_param_window_layers(cfg: RunConfig, sz: StateSizes) -> int:
     """Most layers whose gathered parameters are on the GPU at once when params are streamed."""
     block = max(1, sz.layers[1].params if len(sz.layers) > 2 else sz.layers[0].params)
     reuse = int(cfg.strategy.reuse_distance_params // block)
-    return min(len(sz.layers), cfg.strategy.prefetch_depth + 2 + reuse)
+    return min(len(sz.layers), cfg.strategy.prefetch_depth + 1 + reuse)
+
+
+def grad_buffer_bytes(cfg: RunConfig, sz: StateSizes) -> float:
+    """GPU bytes one in-flight gradient offload holds: a layer's 16-bit gradients, at most one
+    reduce bucket (DeepSpeed ``reduce_bucket_size``, default 5e8 elements)."""
+    biggest = max(lay.params for lay in sz.layers) * sz.grad_bytes / sz.params_total
+    return min(biggest, cfg.strategy.reduce_bucket_params * sz.grad_bytes / sz.params_total)
 
 
 def params_streamed(cfg: RunConfig) -> bool:
@@ -151,15 +158,15 @@ def _gpu_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]
     if params_streamed(cfg):
         _add(bd, "gpu", "gathered params window", gpu_param_window_layers(cfg, sz) * biggest)
     ckpt = cfg.activation_checkpointing
-    kept = [lay.act_ckpt_bytes if (ckpt and lay.is_block) else lay.act_full_bytes for lay in layers]
+    kept = [lay.kept_bytes(ckpt) for lay in layers]
     if st.placement.activations == "gpu":
         _add(bd, "gpu", "activations kept for backward", sum(kept))
     else:
         _add(bd, "gpu", "activations in flight", (st.prefetch_depth + 2) * max(kept))
-    work = max(lay.act_full_bytes for lay in layers)
-    _add(bd, "gpu", "working activations and their gradients", 2 * work)
+    work = max(lay.backward_work_bytes(ckpt) for lay in layers)
+    _add(bd, "gpu", "backward working memory (recompute, activation gradients)", work)
     if st.placement.grads != "gpu":
-        _add(bd, "gpu", "gradient buffers before offload", 2 * max(lay.params for lay in layers) * byte_per_param)
+        _add(bd, "gpu", "gradient buffers before offload", 2 * grad_buffer_bytes(cfg, sz))
 
 
 def _host_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
@@ -168,7 +175,7 @@ def _host_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]
         n = st.pinned_buffer_count
         _add(bd, "host_pinned", "pinned staging buffers", n * round_pinned(st.pinned_buffer_bytes, st.host_allocator))
     ckpt = cfg.activation_checkpointing
-    kept = sum(lay.act_ckpt_bytes if (ckpt and lay.is_block) else lay.act_full_bytes for lay in sz.layers)
+    kept = sum(lay.kept_bytes(ckpt) for lay in sz.layers)
     if st.placement.activations == "cpu":
         _add(bd, "host_pinned" if st.pin_memory else "host", "offloaded activations", kept)
     elif st.placement.activations == "nvme":

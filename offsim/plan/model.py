@@ -33,6 +33,8 @@ class Layer:
         fwd_s / bwd_s: compute time on the GPU per micro-batch, seconds.
         act_full_bytes: activations a forward keeps for backward without checkpointing.
         act_ckpt_bytes: what it keeps with checkpointing.
+        grad_work_bytes: activation gradients alive at once during its backward (the two
+            largest activation tensors: the gradient flowing in and the one being produced).
     """
 
     index: int
@@ -43,11 +45,22 @@ class Layer:
     bwd_s: float
     act_full_bytes: float
     act_ckpt_bytes: float
+    grad_work_bytes: float = 0.0
 
     @property
     def is_block(self) -> bool:
         """True for transformer blocks (checkpointable), false for embedding and head."""
         return self.name.startswith("block")
+
+    def kept_bytes(self, checkpointing: bool) -> float:
+        """Activation bytes the forward leaves for the backward."""
+        return self.act_ckpt_bytes if (checkpointing and self.is_block) else self.act_full_bytes
+
+    def backward_work_bytes(self, checkpointing: bool) -> float:
+        """Transient GPU bytes of the backward beyond the kept activations: the recomputed
+        activations (with checkpointing) plus the activation gradients in flight."""
+        recomputed = self.act_full_bytes if (checkpointing and self.is_block) else 0.0
+        return recomputed + self.grad_work_bytes
 
 
 def block_gemms(wl: Workload) -> list[float]:
@@ -77,6 +90,17 @@ def block_activation_bytes(wl: Workload) -> float:
         mlp = 3 * s * b * h + 4 * s * b * f  # = 19sbh for f = 4h
     norms = 4 * s * b * h
     return float(attention + mlp + norms)
+
+
+def largest_activation_bytes(wl: Workload) -> float:
+    """Bytes of the largest single activation tensor of a block (16-bit): the MLP's inner
+    activation, or the attention scores when they are materialised."""
+    m, t = wl.model, wl.training
+    tokens = t.tokens_per_micro_batch
+    largest = 2.0 * tokens * max(m.ffn_hidden, m.hidden)
+    if not t.flash_attention:
+        largest = max(largest, 2.0 * m.heads * t.seq_len * t.seq_len * t.micro_batch)
+    return largest
 
 
 def _gemm_time_s(gpu: GPU, dtype: str, flop: float, batch: int = 1) -> float:
@@ -109,15 +133,19 @@ def build_layers(wl: Workload, gpu: GPU) -> list[Layer]:
     block_flop = sum(block_gemms(wl))
     act_block = block_activation_bytes(wl)
     layers = [Layer(0, "embed", m.embedding_params, 0.0, hidden_bytes / gpu.hbm_bytes_per_s,
-                    hidden_bytes / gpu.hbm_bytes_per_s, hidden_bytes, hidden_bytes)]
+                    hidden_bytes / gpu.hbm_bytes_per_s, hidden_bytes, hidden_bytes, hidden_bytes)]
+    block_grads = 2 * largest_activation_bytes(wl)
     for i in range(m.layers):
         layers.append(Layer(i + 1, f"block{i}", m.block_params, block_flop, fwd_block, 2 * fwd_block,
-                            act_block, hidden_bytes))
+                            act_block, hidden_bytes, block_grads))
     head_flop = 2.0 * tokens * m.hidden * m.vocab
     head_s = _gemm_time_s(gpu, wl.precision.compute, head_flop)
-    logits_bytes = tokens * m.vocab * (2 + 4)  # 16-bit logits plus fp32 softmax for the loss
+    # The loss keeps the fp32 softmax of the logits for backward (Megatron-LM's vocab-parallel
+    # cross-entropy); the 16-bit logits are transient, about the size of the logits' gradient.
+    softmax_bytes = 4.0 * tokens * m.vocab
+    logits_grad_bytes = 2.0 * tokens * m.vocab
     layers.append(Layer(m.layers + 1, "head", m.head_params, head_flop, head_s, 2 * head_s,
-                        logits_bytes + hidden_bytes, logits_bytes + hidden_bytes))
+                        softmax_bytes + hidden_bytes, softmax_bytes + hidden_bytes, logits_grad_bytes))
     return layers
 
 

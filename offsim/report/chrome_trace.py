@@ -1,8 +1,17 @@
 """Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev) of a run.
 
-One track (``tid``) per resource, complete events (``ph: "X"``, microseconds) for spans, and
-counter tracks (``ph: "C"``) for bytes resident per tier and throughput per link. Format:
-the Trace Event Format document (Google, "Trace Event Format", 2016).
+Layout (Trace Event Format, Google 2016; times in microseconds):
+
+* one process per run, named after the configuration;
+* thread 0, *Iterations / phases*: one slice per iteration with the forward, backward and
+  optimizer phases of the main (GPU) stream nested inside;
+* one thread per resource lane: GPU compute, GPU waiting, PCIe H2D, PCIe D2H, NVMe read, NVMe
+  write, CPU optimizer, host copies, GPU-GPU link. A resource that carries several spans at
+  once (flows sharing a link, several copy engines) gets extra lanes (``PCIe H2D #2``), so the
+  slices on one thread never overlap;
+* complete events (``ph: "X"``) named ``<layer> <tensor> (<phase>)``, with iteration, phase,
+  kind, layer, bytes and average rate in ``args``;
+* counter tracks (``ph: "C"``): GiB resident per memory tier and GB/s on each link.
 """
 
 from __future__ import annotations
@@ -11,66 +20,112 @@ import json
 from pathlib import Path
 from typing import Any
 
+from offsim import __version__
+from offsim.report.tracks import (
+    LINKS,
+    RESOURCE_LABELS,
+    RESOURCES,
+    TIER_LABELS,
+    assign_lanes,
+    iteration_windows,
+    lane_label,
+    link_rate_steps,
+)
 from offsim.results import RunResult
 
-TRACKS = ["gpu", "gpu_stall", "h2d", "d2h", "nvme_read", "nvme_write", "cpu", "dram_copy", "gpu_link"]
-TRACK_LABELS = {
-    "gpu": "GPU compute", "gpu_stall": "GPU waiting for data", "h2d": "PCIe H2D", "d2h": "PCIe D2H",
-    "nvme_read": "NVMe read", "nvme_write": "NVMe write", "cpu": "CPU optimizer",
-    "dram_copy": "Host copies (DRAM)", "gpu_link": "GPU-GPU link",
-}
-_US = 1e6
+PID = 1
+PHASE_TID = 0
 
 
-def _metadata(pid: int) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": "offsim rank 0"}}]
-    for tid, track in enumerate(TRACKS):
-        events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": TRACK_LABELS[track]}})
-        events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+def _us(seconds: float) -> float:
+    """Seconds to microseconds, rounded to the nanosecond (keeps the file small)."""
+    return round(seconds * 1e6, 3)
+
+
+def _slice(tid: int, name: str, cat: str, start_s: float, end_s: float,
+           args: dict[str, Any]) -> dict[str, Any]:
+    ts = _us(start_s)
+    return {"ph": "X", "pid": PID, "tid": tid, "name": name, "cat": cat, "ts": ts,
+            "dur": max(0.0, round(_us(end_s) - ts, 3)), "args": args}
+
+
+def _thread(tid: int, name: str) -> list[dict[str, Any]]:
+    return [{"ph": "M", "pid": PID, "tid": tid, "name": "thread_name", "args": {"name": name}},
+            {"ph": "M", "pid": PID, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}}]
+
+
+def _phase_events(result: RunResult) -> list[dict[str, Any]]:
+    events = _thread(PHASE_TID, "Iterations / phases")
+    for k, start, end in iteration_windows(result):
+        events.append(_slice(PHASE_TID, f"iteration {k}", "iteration", start, end, {"iteration": k}))
+    for k, name, start, end in result.recorder.phases:
+        events.append(_slice(PHASE_TID, name, "phase", start, end, {"iteration": k, "phase": name}))
     return events
 
 
-def _link_throughput(result: RunResult, pid: int) -> list[dict[str, Any]]:
-    """Counter events: GB/s on each link, stepping at every span start and end."""
+def _span_events(result: RunResult) -> list[dict[str, Any]]:
+    """Metadata for every resource lane, then one slice per span."""
+    spans = result.recorder.spans
+    lanes = assign_lanes(spans)
+    used = sorted({(s.resource, lane) for s, lane in zip(spans, lanes, strict=True)},
+                  key=lambda rl: (RESOURCES.index(rl[0]) if rl[0] in RESOURCES else len(RESOURCES), rl))
+    tids = {rl: PHASE_TID + 1 + i for i, rl in enumerate(used)}
+    events = [e for rl, tid in tids.items() for e in _thread(tid, lane_label(*rl))]
+    for s, lane in zip(spans, lanes, strict=True):
+        dur = s.end_s - s.start_s
+        args: dict[str, Any] = {"iteration": s.iteration, "phase": s.phase, "kind": s.kind, "layer": s.layer}
+        if s.bytes:
+            args["MB"] = round(s.bytes / 1e6, 6)
+            if dur > 0:
+                args["GB/s"] = round(s.bytes / dur / 1e9, 6)
+        name = f"{s.name} ({s.phase})"
+        events.append(_slice(tids[(s.resource, lane)], name, s.kind, s.start_s, s.end_s, args))
+    return events
+
+
+def _counter(name: str, unit: str, points: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    """Counter events, one per change (the last value at an instant wins)."""
+    last: dict[float, float] = {}
+    for t, value in points:
+        last[_us(t)] = value
+    return [{"ph": "C", "pid": PID, "name": name, "ts": ts, "args": {unit: round(v, 6)}}
+            for ts, v in sorted(last.items())]
+
+
+def _counter_events(result: RunResult) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
-    for link in ("h2d", "d2h", "nvme_read", "nvme_write"):
-        changes: list[tuple[float, float]] = []
-        for s in result.recorder.spans:
-            if s.resource == link and s.end_s > s.start_s:
-                rate = s.bytes / (s.end_s - s.start_s) / 1e9
-                changes += [(s.start_s, rate), (s.end_s, -rate)]
-        level = 0.0
-        for t, delta in sorted(changes):
-            level = max(0.0, level + delta)
-            events.append({"ph": "C", "pid": pid, "name": f"{link} GB/s", "ts": t * _US, "args": {"GB/s": round(level, 6)}})
+    for tier, label in TIER_LABELS.items():
+        points = [(lv.t_s, lv.bytes / 2**30) for lv in result.recorder.levels if lv.tier == tier]
+        events += _counter(f"{label}, GiB", "GiB", points)
+    for link in LINKS:
+        steps = link_rate_steps(result.recorder.spans, link)
+        events += _counter(f"{RESOURCE_LABELS[link]}, GB/s", "GB/s", [(t, r / 1e9) for t, r in steps])
     return events
 
 
 def chrome_trace(result: RunResult) -> dict[str, Any]:
     """The trace as a JSON-serialisable dict (``traceEvents`` plus run metadata)."""
-    pid = 0
-    events = _metadata(pid)
-    tids = {t: i for i, t in enumerate(TRACKS)}
-    for s in result.recorder.spans:
-        events.append({
-            "ph": "X", "pid": pid, "tid": tids.get(s.resource, len(TRACKS)), "name": s.name,
-            "cat": f"{s.phase},{s.kind}", "ts": s.start_s * _US, "dur": max(0.0, s.end_s - s.start_s) * _US,
-            "args": {"iteration": s.iteration, "phase": s.phase, "kind": s.kind, "layer": s.layer, "bytes": s.bytes},
-        })
-    for lv in result.recorder.levels:
-        events.append({"ph": "C", "pid": pid, "name": f"{lv.tier} memory GiB", "ts": lv.t_s * _US,
-                       "args": {"GiB": round(lv.bytes / 2**30, 6)}})
-    events += _link_throughput(result, pid)
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"hardware": result.config.hardware.name, "workload": result.config.workload.name,
-                      "strategy": result.config.strategy.name,
-                      "iteration_time_s": result.metrics.iteration_time_s},
-    }
+    cfg = result.config
+    title = f"offsim: {cfg.workload.name} on {cfg.hardware.name} with {cfg.strategy.name}"
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": PID, "name": "process_name", "args": {"name": title}},
+        {"ph": "M", "pid": PID, "name": "process_sort_index", "args": {"sort_index": PID}},
+    ]
+    events += _phase_events(result) + _span_events(result) + _counter_events(result)
+    other: dict[str, Any] = {"hardware": cfg.hardware.name, "workload": cfg.workload.name,
+                             "strategy": cfg.strategy.name, "iterations": cfg.iterations,
+                             "warmup_iterations": cfg.warmup_iterations,
+                             "iteration_time_s": result.metrics.iteration_time_s,
+                             "offsim_version": __version__}
+    if result.feasible and result.recorder.spans:
+        from offsim.report.bottleneck import bottleneck
+
+        other["bottleneck"] = bottleneck(result).sentence
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def write_chrome_trace(result: RunResult, path: Path) -> Path:
     """Write the trace JSON to ``path``."""
-    path.write_text(json.dumps(chrome_trace(result)))
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(result), separators=(",", ":")))
     return path
