@@ -54,6 +54,7 @@ class RunMetrics(BaseModel):
     hardware_tflops_per_gpu: float | None = Field(default=None, description="FLOPs executed, recompute included")
     phases_s: Phases = Phases()
     optimizer_step_s: float | None = None
+    cpu_optimizer_busy_s: float | None = Field(default=None, description="CPU optimizer compute per iteration")
     stall_s: float | None = None
     gpu_busy_fraction: float | None = None
     peak_bytes: PeakBytes = PeakBytes()
@@ -85,7 +86,7 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
         if it in steady:
             phases[name] += (end - start) / n
     traffic = dict.fromkeys(LINKS + EXTRA_LINKS, 0.0)
-    busy = stall = 0.0
+    busy = stall = cpu_busy = 0.0
     step_bounds: dict[int, list[float]] = {}
     for s in rec.spans:
         if s.iteration not in steady:
@@ -96,6 +97,8 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
             busy += (s.end_s - s.start_s) / n
         elif s.resource == "gpu_stall":
             stall += (s.end_s - s.start_s) / n
+        elif s.resource == "cpu":
+            cpu_busy += (s.end_s - s.start_s) / n
         if s.phase == "optimizer":
             b = step_bounds.setdefault(s.iteration, [s.start_s, s.end_s])
             b[0], b[1] = min(b[0], s.start_s), max(b[1], s.end_s)
@@ -112,6 +115,7 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
         hardware_tflops_per_gpu=(model_flop + recompute) / it_s / 1e12,
         phases_s=Phases(**phases),
         optimizer_step_s=step_s,
+        cpu_optimizer_busy_s=cpu_busy,
         stall_s=stall,
         gpu_busy_fraction=min(1.0, busy / it_s),
         peak_bytes=PeakBytes(**peaks),
