@@ -14,7 +14,13 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from offsim.config.base import Frozen, Provenance
-from offsim.units import MiB
+from offsim.policies import ActivationConfig, EvictionConfig, OrderConfig, PrefetchConfig
+from offsim.policies.lru import LruConfig
+from offsim.policies.lookahead import LookaheadConfig
+from offsim.policies.placement import PlacementConfig
+from offsim.policies.reuse_distance import ReuseDistanceConfig
+from offsim.policies.same_order import SameOrderConfig
+from offsim.units import GiB, MiB
 
 Tier = Literal["gpu", "cpu", "nvme"]
 
@@ -35,6 +41,49 @@ class Placement(Frozen):
     grads: Tier = "gpu"
     optimizer_states: Tier = "gpu"
     activations: Tier = "gpu"
+
+
+class Policies(Frozen):
+    """Cache, prefetch, activation and optimizer-order policies (``offsim.policies``).
+
+    The defaults reproduce offsim's built-in behaviour: DeepSpeed's release-after-use with
+    ``reuse_distance_params``, lookahead prefetch by ``prefetch_depth``, activations as
+    ``placement.activations`` and the checkpointing setting say, sub-groups in the same order
+    every iteration, and no DRAM cache.
+
+    Attributes:
+        eviction: the GPU parameter buffer's policy (streamed parameters only).
+        dram_eviction: the policy of the DRAM cache over NVMe-resident optimizer state.
+        prefetch: how far ahead parameters are fetched.
+        activations: per layer: keep in HBM, recompute, offload to DRAM or to NVMe.
+        optimizer_order: the order the CPU optimizer visits its sub-groups.
+        gpu_param_buffer_gib: budget for gathered parameters on the GPU; ``auto`` is the GPU
+            memory the rest of the plan leaves free; none: unbounded (the policy alone decides
+            what stays).
+        dram_cache_gib: host DRAM that keeps NVMe-resident optimizer sub-groups between
+            iterations (written back to NVMe when evicted); 0: none, every sub-group is read
+            and written each step.
+    """
+
+    eviction: EvictionConfig = ReuseDistanceConfig()
+    dram_eviction: EvictionConfig = LruConfig()
+    prefetch: PrefetchConfig = LookaheadConfig()
+    activations: ActivationConfig = PlacementConfig()
+    optimizer_order: OrderConfig = SameOrderConfig()
+    gpu_param_buffer_gib: float | Literal["auto"] | None = None
+    dram_cache_gib: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Policies:
+        b = self.gpu_param_buffer_gib
+        if isinstance(b, float | int) and b <= 0:
+            raise ValueError("policies.gpu_param_buffer_gib must be > 0, 'auto', or left out")
+        return self
+
+    @property
+    def dram_cache_bytes(self) -> float:
+        """DRAM cache capacity, bytes."""
+        return self.dram_cache_gib * GiB
 
 
 class Strategy(Frozen):
@@ -64,6 +113,7 @@ class Strategy(Frozen):
         activation_checkpointing: overrides the workload's setting when given.
         host_allocator: ``caching`` rounds each pinned allocation up to a power of two (PyTorch
             CachingHostAllocator); ``exact`` pins exactly what is asked (MemAscend).
+        policies: cache, prefetch, activation and optimizer-order policies (:class:`Policies`).
     """
 
     schema_version: Literal[1] = 1
@@ -84,7 +134,8 @@ class Strategy(Frozen):
     overlap_grad_offload: bool = True
     delayed_param_update: bool = False
     activation_checkpointing: bool | None = None
-    host_allocator: Literal["caching", "exact"] = "exact"
+    host_allocator: Literal["caching", "exact"] = "caching"
+    policies: Policies = Policies()
 
     @model_validator(mode="after")
     def _check(self) -> Strategy:

@@ -59,8 +59,8 @@ class Engine:
         self.ckpt = cfg.activation_checkpointing
         self.streamed = params_streamed(cfg)
         self.grad_buffer_bytes = grad_buffer_bytes(cfg, sz)
-        buf = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
-        self.staging = simpy.Container(self.env, capacity=max(buf, 1.0), init=max(buf, 1.0))
+        buf = self.st.pinned_buffer_count * self.st.pinned_buffer_bytes  # usable bytes; the allocator may pin more
+        self.staging = simpy.Container(self.env, capacity=buf, init=buf)
         self.pending: list[simpy.Event] = []
         # CUDA streams and aio queues: work on one stream runs in issue order, different
         # streams run concurrently and share bandwidth (DeepSpeed prefetches on one side stream)
@@ -376,7 +376,8 @@ class Engine:
         self.ledger.alloc(_home_rank_tier(pl.optimizer_states, pinned), self._pinned_groups(o, pl.optimizer_states),
                           "optimizer state")
         if st.uses_nvme():
-            self.ledger.alloc("host_pinned", self.staging.capacity, "pinned staging buffers")
+            pinned = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
+            self.ledger.alloc("host_pinned", pinned, "pinned staging buffers")
 
     def _pinned_groups(self, nbytes: float, home: str) -> float:
         if home != "cpu" or not self.st.pin_memory or self.st.host_allocator != "caching":
