@@ -110,6 +110,12 @@ class Strategy(Frozen):
             each layer's gradient copy blocks the GPU stream.
         delayed_param_update: the CPU step of iteration i overlaps forward and backward of
             iteration i+1 (ZeRO-Offload DPU).
+        optimizer_schedule: ``after-backward`` runs the optimizer step once backward is done;
+            ``layerwise`` updates each layer on the CPU as soon as its last gradient reaches
+            the host, overlapping the rest of backward (Fuyou, LSP-Offload, SuperOffload).
+        grad_compression_ratio: gradients are projected on the GPU to 1/ratio of their size
+            before the copy, and the CPU updates the projected parameters (LSP-Offload).
+        grad_compression_flop_per_param: GPU FLOPs per gradient element for that projection.
         activation_checkpointing: overrides the workload's setting when given.
         host_allocator: ``caching`` rounds each pinned allocation up to a power of two (PyTorch
             CachingHostAllocator); ``exact`` pins exactly what is asked (MemAscend).
@@ -133,6 +139,9 @@ class Strategy(Frozen):
     optimizer_swap_pipeline: bool = True
     overlap_grad_offload: bool = True
     delayed_param_update: bool = False
+    optimizer_schedule: Literal["after-backward", "layerwise"] = "after-backward"
+    grad_compression_ratio: float = Field(default=1.0, ge=1.0)
+    grad_compression_flop_per_param: float = Field(default=0.0, ge=0)
     activation_checkpointing: bool | None = None
     host_allocator: Literal["caching", "exact"] = "caching"
     policies: Policies = Policies()
@@ -154,6 +163,10 @@ class Strategy(Frozen):
             raise ValueError(
                 f"placement.params '{p.params}' (parameter offload) needs zero_stage 3, as in DeepSpeed"
             )
+        if self.optimizer_schedule == "layerwise" and (self.optimizer_device != "cpu" or self.delayed_param_update):
+            raise ValueError("optimizer_schedule 'layerwise' needs optimizer_device 'cpu' and no delayed_param_update")
+        if self.grad_compression_ratio > 1.0 and self.optimizer_schedule != "layerwise":
+            raise ValueError("grad_compression_ratio > 1 needs optimizer_schedule 'layerwise' (LSP-Offload's schedule)")
         if self.delayed_param_update and self.optimizer_device != "cpu":
             raise ValueError("delayed_param_update needs optimizer_device 'cpu'")
         return self

@@ -59,6 +59,8 @@ class Engine:
         self.ckpt = cfg.activation_checkpointing
         self.streamed = params_streamed(cfg)
         self.grad_buffer_bytes = grad_buffer_bytes(cfg, sz)
+        self.layerwise = self.st.optimizer_schedule == "layerwise"
+        self.layer_updates: list[simpy.Process] = []
         buf = self.st.pinned_buffer_count * self.st.pinned_buffer_bytes  # usable bytes; the allocator may pin more
         self.staging = simpy.Container(self.env, capacity=buf, init=buf)
         self.pending: list[simpy.Event] = []
@@ -231,6 +233,8 @@ class Engine:
                 meta = self._meta("grad_reduce", f"{layer.name} grads", layer.index)
                 self.pending.append(self.env.process(self.io.collective(layer.params * self.bpp_grad, factor, **meta)))
             return
+        if self.st.grad_compression_ratio > 1.0:  # projected on the compute stream, before the copy
+            yield from self._compute(self._compress_s(layer), "grad_compress", layer)
         slot = self.grad_slots.request()
         yield from self._wait(slot, layer, "a free gradient buffer")
         meta = self._meta("grad_offload", f"{layer.name} grads", layer.index)
@@ -248,13 +252,20 @@ class Engine:
             factor = 1.0 if self.st.zero_stage >= 2 else 2.0
             reduce = self.io.collective(full, factor, **{**meta, "kind": "grad_reduce"})
             yield from self._on_stream("grad_reduce", reduce)
-        part = full / self.sz.grad_part
+        ratio = self.st.grad_compression_ratio
+        part = full / self.sz.grad_part / ratio
         yield from self._on_stream("grad_d2h", self.io.d2h(part, pinned=self.st.pin_memory, **meta))
         self.ledger.free("gpu", held)
         self.grad_slots.release(slot)
-        local_params = layer.params / self.sz.grad_part
+        local_params = layer.params / self.sz.grad_part / ratio
         hg = self.sz.host_grad_bytes_per_param
-        if self.st.placement.grads == "nvme":
+        last = mb == self.cfg.workload.training.grad_accumulation - 1
+        if self.layerwise and last:  # the gradient stays in DRAM for the update that follows
+            acc = {**meta, "kind": "grad_accumulate", "name": f"{layer.name} grads accumulate"}
+            yield from self._on_stream("grad_host", self.io.host_copy(local_params * (self.bpp_grad + hg), **acc))
+            update = self._on_stream("cpu_update", self._update_layer(layer, meta["iteration"]))
+            self.layer_updates.append(self.env.process(update))
+        elif self.st.placement.grads == "nvme":
             cast = {**meta, "kind": "grad_cast", "name": f"{layer.name} grads to fp32"}
             yield from self._on_stream("grad_host", self.io.host_copy(local_params * (self.bpp_grad + hg), **cast))
             if mb > 0:
@@ -264,6 +275,38 @@ class Engine:
             acc = {**meta, "kind": "grad_accumulate", "name": f"{layer.name} grads accumulate"}
             dram = local_params * (self.bpp_grad + (2 if mb else 1) * hg)
             yield from self._on_stream("grad_host", self.io.host_copy(dram, **acc))
+
+    def _compress_s(self, layer: Layer) -> float:
+        """GPU seconds to project a layer's gradient before its copy (LSP-Offload)."""
+        flop = layer.params * self.st.grad_compression_flop_per_param
+        if flop <= 0:
+            return 0.0
+        gpu = self.cfg.hardware.gpu
+        return flop / (gpu.peak_flops(self.cfg.workload.precision.compute) * gpu.gemm_fraction(flop))
+
+    def _update_layer(self, layer: Layer, iteration: int) -> Generator:
+        """Layer-wise CPU update as soon as the layer's last gradient is on the host (Fuyou's
+        out-of-core optimizer overlapped with backward; LSP-Offload's layer-wise schedule):
+        read the layer's optimizer state when it lives on NVMe, CPU Adam, write it back, send
+        the updated 16-bit parameters home."""
+        sz, pl = self.sz, self.st.placement
+        params = layer.params / sz.opt_part / self.st.grad_compression_ratio
+        meta = {"iteration": iteration, "phase": "backward", "layer": layer.index}
+        state = params * sz.optimizer_bytes_per_param
+        if pl.optimizer_states == "nvme":
+            self.ledger.alloc("host_pinned", state, f"{layer.name} optimizer state in")
+            yield from self.io.nvme_read(state, kind="optimizer_swap_in", name=f"{layer.name} state in", **meta)
+        yield from self.io.cpu_optimizer(params, self._optimizer_dram_bytes_per_param(), kind="optimizer",
+                                         name=f"CPU Adam {layer.name}", **meta)
+        if pl.optimizer_states == "nvme":
+            yield from self.io.nvme_write(state, kind="optimizer_swap_out", name=f"{layer.name} state out", **meta)
+            self.ledger.free("host_pinned", state)
+        nbytes = params * self.bpp_param
+        home = {"kind": "param_update", "name": f"{layer.name} params", **meta}
+        if pl.params == "gpu":
+            yield from self._on_stream("param_update_h2d", self.io.h2d(nbytes, pinned=self.st.pin_memory, **home))
+        elif pl.params == "nvme":
+            yield from self.io.nvme_write(nbytes, **home)
 
     # ---------------------------------------------------------------- optimizer
     def _optimizer_dram_bytes_per_param(self) -> float:
@@ -275,7 +318,10 @@ class Engine:
     def _optimizer_step(self, iteration: int) -> Generator:
         pending, self.pending = self.pending, []
         yield simpy.AllOf(self.env, pending)
-        if self.cfg.strategy.optimizer_device == "gpu":
+        if self.layerwise:  # the updates ran during backward: wait for the stragglers
+            updates, self.layer_updates = self.layer_updates, []
+            yield simpy.AllOf(self.env, updates)
+        elif self.cfg.strategy.optimizer_device == "gpu":
             yield from self._gpu_step(iteration)
         else:
             yield from self._cpu_step(iteration)
