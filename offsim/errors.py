@@ -38,3 +38,7 @@ class InfeasibleError(OffsimError):
             f"{self.capacity_bytes / gib:.2f} GiB"
         )
         return f"{msg} ({self.detail})" if self.detail else msg
+
+
+class PolicyError(OffsimError):
+    """A policy returned an illegal decision; the message names the policy and the op."""

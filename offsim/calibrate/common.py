@@ -100,7 +100,9 @@ class CalibrationSettings:
     transfer_warmup: int = 3
     bidirectional: bool = True
     # GPU: compute
-    gemm_shapes: tuple[tuple[int, int, int], ...] = tuple((n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192, 16384))
+    gemm_shapes: tuple[tuple[int, int, int], ...] = tuple(
+        (n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192, 16384)
+    )
     gemm_dtypes: tuple[str, ...] = ("bf16",)
     gemm_repeats: int = 7
     gemm_warmup: int = 3
@@ -271,6 +273,6 @@ def system_facts() -> dict[str, Any]:
 
         facts["torch"] = torch.__version__
         facts["torch_cuda"] = torch.version.cuda
-    except Exception:  # torch is optional; a broken install counts as absent  # noqa: BLE001
+    except Exception:  # torch is optional; a broken install counts as absent
         facts["torch"] = None
     return facts

@@ -17,6 +17,7 @@ import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -56,8 +57,15 @@ class NumpyAdamW:
     Arrays are updated in parallel over ``threads`` (numpy ufuncs release the GIL).
     """
 
-    def __init__(self, params: list[np.ndarray], lr: float = ADAM_LR, betas: tuple[float, float] = ADAM_BETAS,
-                 eps: float = ADAM_EPS, weight_decay: float = ADAM_WD, threads: int = 1) -> None:
+    def __init__(
+        self,
+        params: list[np.ndarray],
+        lr: float = ADAM_LR,
+        betas: tuple[float, float] = ADAM_BETAS,
+        eps: float = ADAM_EPS,
+        weight_decay: float = ADAM_WD,
+        threads: int = 1,
+    ) -> None:
         self.params = params
         self.m = [np.zeros_like(p) for p in params]
         self.v = [np.zeros_like(p) for p in params]
@@ -96,8 +104,9 @@ class NumpyAdamW:
             list(pool.map(self._update, range(len(grads)), grads))
 
 
-def measure_numpy_adamw(n_params: int, chunk: int, steps: int, threads: int, part: PartResult,
-                        rep: Reporter) -> None:
+def measure_numpy_adamw(
+    n_params: int, chunk: int, steps: int, threads: int, part: PartResult, rep: Reporter
+) -> None:
     """params/s of :class:`NumpyAdamW` over ``n_params`` fp32 values in ``chunk``-sized arrays."""
     rng = np.random.default_rng(0)
     params = [rng.random(c, dtype=np.float32) for c in _chunks(n_params, chunk)]
@@ -107,8 +116,9 @@ def measure_numpy_adamw(n_params: int, chunk: int, steps: int, threads: int, par
     _time_steps("numpy-adamw", lambda: opt.step(grads), n_params, steps, threads, part, rep)
 
 
-def _time_steps(impl: str, step: Any, n_params: int, steps: int, threads: int, part: PartResult,
-                rep: Reporter) -> None:
+def _time_steps(
+    impl: str, step: Any, n_params: int, steps: int, threads: int, part: PartResult, rep: Reporter
+) -> None:
     rows = part.rows("cpu")
     ts = []
     for r in range(steps):
@@ -116,10 +126,23 @@ def _time_steps(impl: str, step: Any, n_params: int, steps: int, threads: int, p
         step()
         t = time.perf_counter() - t0
         ts.append(t)
-        rows.append({"kind": "optimizer", "impl": impl, "params": n_params, "threads": threads, "rep": r,
-                     "time_s": t, "params_per_s": n_params / t, "bytes": None, "gb_per_s": None})
-    rep.say(f"[cpu] {impl}: {n_params / median(ts) / 1e6:.1f} M params/s "
-            f"({fmt_bytes(n_params * 4)} fp32 params, {threads} threads)")
+        rows.append(
+            {
+                "kind": "optimizer",
+                "impl": impl,
+                "params": n_params,
+                "threads": threads,
+                "rep": r,
+                "time_s": t,
+                "params_per_s": n_params / t,
+                "bytes": None,
+                "gb_per_s": None,
+            }
+        )
+    rep.say(
+        f"[cpu] {impl}: {n_params / median(ts) / 1e6:.1f} M params/s "
+        f"({fmt_bytes(n_params * 4)} fp32 params, {threads} threads)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,12 +159,14 @@ def _torch_params(torch: Any, n_params: int, chunk: int) -> list[Any]:
     return params
 
 
-def measure_torch_adamw(torch: Any, n_params: int, chunk: int, steps: int, part: PartResult,
-                        rep: Reporter) -> None:
+def measure_torch_adamw(
+    torch: Any, n_params: int, chunk: int, steps: int, part: PartResult, rep: Reporter
+) -> None:
     """params/s of ``torch.optim.AdamW(foreach=True)`` on fp32 CPU tensors."""
     params = _torch_params(torch, n_params, chunk)
-    opt = torch.optim.AdamW(params, lr=ADAM_LR, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=ADAM_WD,
-                            foreach=True)
+    opt = torch.optim.AdamW(
+        params, lr=ADAM_LR, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=ADAM_WD, foreach=True
+    )
     opt.step()  # warm-up: allocates exp_avg / exp_avg_sq
     _time_steps("torch-adamw-foreach", opt.step, n_params, steps, torch.get_num_threads(), part, rep)
 
@@ -150,13 +175,14 @@ def load_deepspeed_cpu_adam() -> tuple[Any, str | None]:
     """``(DeepSpeedCPUAdam, None)`` or ``(None, why)``."""
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # type: ignore[import-not-found]
-    except Exception as exc:  # ImportError, or a broken build  # noqa: BLE001
+    except Exception as exc:  # ImportError, or a broken build
         return None, f"{type(exc).__name__}: {exc}".splitlines()[0]
     return DeepSpeedCPUAdam, None
 
 
-def measure_deepspeed_adam(torch: Any, cls: Any, n_params: int, chunk: int, steps: int, part: PartResult,
-                           rep: Reporter) -> None:
+def measure_deepspeed_adam(
+    torch: Any, cls: Any, n_params: int, chunk: int, steps: int, part: PartResult, rep: Reporter
+) -> None:
     """params/s of DeepSpeed's CPU-Adam in AdamW mode on fp32 CPU tensors."""
     params = _torch_params(torch, n_params, chunk)
     opt = cls(params, lr=ADAM_LR, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=ADAM_WD, adamw_mode=True)
@@ -176,9 +202,10 @@ def measure_memcpy(nbytes: int, repeats: int, threads: int, part: PartResult, re
     counts = [1] if threads <= 1 else [1, threads]
     for nt in counts:
         bounds = np.linspace(0, nbytes, nt + 1, dtype=np.int64)
-        slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        slices = [slice(int(a), int(b)) for a, b in pairwise(bounds)]
         pool = ThreadPoolExecutor(nt) if nt > 1 else None
         try:
+
             def copy(pool: ThreadPoolExecutor | None = pool, slices: list[slice] = slices) -> None:
                 if pool is None:
                     np.copyto(dst, src)
@@ -192,8 +219,19 @@ def measure_memcpy(nbytes: int, repeats: int, threads: int, part: PartResult, re
                 copy()
                 t = time.perf_counter() - t0
                 ts.append(t)
-                rows.append({"kind": "memcpy", "impl": "numpy-copyto", "params": None, "threads": nt, "rep": r,
-                             "time_s": t, "params_per_s": None, "bytes": nbytes, "gb_per_s": nbytes / t / 1e9})
+                rows.append(
+                    {
+                        "kind": "memcpy",
+                        "impl": "numpy-copyto",
+                        "params": None,
+                        "threads": nt,
+                        "rep": r,
+                        "time_s": t,
+                        "params_per_s": None,
+                        "bytes": nbytes,
+                        "gb_per_s": nbytes / t / 1e9,
+                    }
+                )
         finally:
             if pool is not None:
                 pool.shutdown()
@@ -209,7 +247,7 @@ def _load_torch() -> tuple[Any, str | None]:
         import torch
     except ImportError:
         return None, "PyTorch is not installed"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return None, f"importing torch failed ({type(exc).__name__}: {exc})"
     return torch, None
 
@@ -224,39 +262,58 @@ def run_cpu_part(settings: CalibrationSettings, rep: Reporter) -> PartResult:
     avail = available_memory_bytes()
     if avail is not None and n * 20 > 0.5 * avail:  # param + grad + 2 moments + scratch, fp32
         n2 = max(settings.cpu_optimizer_chunk, int(0.5 * avail / 20))
-        rep.warn(f"CPU optimizer measured on {n2:,} parameters instead of {n:,}: not enough free host memory",
-                 part)
+        rep.warn(
+            f"CPU optimizer measured on {n2:,} parameters instead of {n:,}: not enough free host memory", part
+        )
         n = n2
     chunk = min(settings.cpu_optimizer_chunk, n)
     torch, why = _load_torch()
     steps: list[tuple[str, Any]] = []
     if torch is None:
-        rep.warn(f"CPU optimizer: {why}; measuring a numpy AdamW instead (optimizer_impl 'numpy-adamw', "
-                 "slower than torch or DeepSpeed CPU-Adam)", part)
-        steps.append(("numpy AdamW", lambda: measure_numpy_adamw(
-            n, chunk, settings.cpu_optimizer_steps, threads, part, rep)))
+        rep.warn(
+            f"CPU optimizer: {why}; measuring a numpy AdamW instead (optimizer_impl 'numpy-adamw', "
+            "slower than torch or DeepSpeed CPU-Adam)",
+            part,
+        )
+        steps.append(
+            (
+                "numpy AdamW",
+                lambda: measure_numpy_adamw(n, chunk, settings.cpu_optimizer_steps, threads, part, rep),
+            )
+        )
     else:
         part.info["torch_threads"] = torch.get_num_threads()
         with contextlib.suppress(Exception):
             part.info["simd"] = torch.backends.cpu.get_cpu_capability()
         if settings.cpu_threads:
             torch.set_num_threads(settings.cpu_threads)
-        steps.append(("torch AdamW", lambda: measure_torch_adamw(
-            torch, n, chunk, settings.cpu_optimizer_steps, part, rep)))
+        steps.append(
+            (
+                "torch AdamW",
+                lambda: measure_torch_adamw(torch, n, chunk, settings.cpu_optimizer_steps, part, rep),
+            )
+        )
         if settings.try_deepspeed:
             cls, ds_why = load_deepspeed_cpu_adam()
             if cls is None:
                 part.info["deepspeed_cpu_adam"] = f"not measured ({ds_why})"
                 rep.say(f"[cpu] DeepSpeed CPU-Adam not measured ({ds_why})")
             else:
-                steps.append(("DeepSpeed CPU-Adam", lambda: measure_deepspeed_adam(
-                    torch, cls, n, chunk, settings.cpu_optimizer_steps, part, rep)))
-    steps.append(("memcpy", lambda: measure_memcpy(settings.memcpy_bytes, settings.memcpy_repeats, threads,
-                                                    part, rep)))
+                steps.append(
+                    (
+                        "DeepSpeed CPU-Adam",
+                        lambda: measure_deepspeed_adam(
+                            torch, cls, n, chunk, settings.cpu_optimizer_steps, part, rep
+                        ),
+                    )
+                )
+    steps.append(
+        ("memcpy", lambda: measure_memcpy(settings.memcpy_bytes, settings.memcpy_repeats, threads, part, rep))
+    )
     for name, step in steps:
         try:
             step()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             part.degrade()
             rep.warn(f"CPU {name} measurement failed: {type(exc).__name__}: {exc}", part)
     if not part.rows("cpu"):

@@ -155,8 +155,11 @@ class TransferFit:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {
-            "direction": self.direction, "memory": self.memory, "concurrency": self.concurrency,
-            "fit": self.fit.to_dict() if self.fit else None, "points_bytes_gb_per_s": self.points,
+            "direction": self.direction,
+            "memory": self.memory,
+            "concurrency": self.concurrency,
+            "fit": self.fit.to_dict() if self.fit else None,
+            "points_bytes_gb_per_s": self.points,
             "error": self.error,
         }
 
@@ -263,7 +266,9 @@ def fit_cpu(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for impl, v in medians_by(opt, ("impl",), "params_per_s").items():
         sample = next(r for r in opt if r["impl"] == impl[0])
         out["optimizer"][impl[0]] = {
-            "params_per_s": v, "params": sample["params"], "threads": sample["threads"],
+            "params_per_s": v,
+            "params": sample["params"],
+            "threads": sample["threads"],
         }
     mem = [r for r in rows if r["kind"] == "memcpy"]
     for (threads,), v in medians_by(mem, ("threads",), "gb_per_s").items():
@@ -291,9 +296,7 @@ def best_optimizer(cpu_fit: dict[str, Any]) -> tuple[str, float] | None:
 # NVMe
 
 
-def detect_write_cache(
-    windows: Sequence[dict[str, float]], *, drop_ratio: float = 0.75
-) -> dict[str, Any]:
+def detect_write_cache(windows: Sequence[dict[str, float]], *, drop_ratio: float = 0.75) -> dict[str, Any]:
     """Find an SLC/DRAM write-cache exhaustion in a sustained write.
 
     ``windows`` are consecutive time windows with ``bytes`` written and ``gb_per_s``. The early
@@ -309,13 +312,17 @@ def detect_write_cache(
     rates = [float(w["gb_per_s"]) for w in windows]
     sizes = [float(w["bytes"]) for w in windows]
     out: dict[str, Any] = {
-        "drop": False, "early_gb_per_s": None, "late_gb_per_s": None, "cache_bytes": None,
-        "total_bytes": float(sum(sizes)), "windows": len(rates),
+        "drop": False,
+        "early_gb_per_s": None,
+        "late_gb_per_s": None,
+        "cache_bytes": None,
+        "total_bytes": float(sum(sizes)),
+        "windows": len(rates),
     }
     if len(rates) < 4:
         return out
     early = median(rates[: max(1, len(rates) // 5)])
-    late = median(rates[-max(1, len(rates) // 4):])
+    late = median(rates[-max(1, len(rates) // 4) :])
     out["early_gb_per_s"], out["late_gb_per_s"] = early, late
     if early <= 0 or late >= drop_ratio * early:
         return out
@@ -349,7 +356,9 @@ def fit_nvme(rows: Iterable[dict[str, Any]], drives: int) -> dict[str, Any]:
             out[op] = {
                 "array_gb_per_s": float(best["gb_per_s"]),
                 "per_drive_gb_per_s": float(best["gb_per_s"]) / drives,
-                "block_bytes": best["block_bytes"], "queue_depth": best["queue_depth"], "tool": best["tool"],
+                "block_bytes": best["block_bytes"],
+                "queue_depth": best["queue_depth"],
+                "tool": best["tool"],
             }
     qd1 = [r for r in sweep if r["phase"] == "sweep" and r["op"] == "read" and r["queue_depth"] == 1]
     if len({r["block_bytes"] for r in qd1}) >= 2:

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from offsim.calibrate.common import (
@@ -69,17 +70,21 @@ def load_torch_cuda(device_index: int = 0) -> tuple[Any, str | None]:
     try:
         import torch
     except ImportError:
-        return None, ("GPU part skipped: PyTorch is not installed, so no GPU can be measured "
-                      "(install a CUDA build of torch, e.g. pip install 'offsim[calibrate]')")
-    except Exception as exc:  # a broken install  # noqa: BLE001
+        return None, (
+            "GPU part skipped: PyTorch is not installed, so no GPU can be measured "
+            "(install a CUDA build of torch, e.g. pip install 'offsim[calibrate]')"
+        )
+    except Exception as exc:  # a broken install
         return None, f"GPU part skipped: importing torch failed ({type(exc).__name__}: {exc})"
     try:
         ok = bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
+    except Exception:
         ok = False
     if not ok:
-        return None, (f"GPU part skipped: torch {torch.__version__} sees no CUDA device "
-                      "(torch.cuda.is_available() is False)")
+        return None, (
+            f"GPU part skipped: torch {torch.__version__} sees no CUDA device "
+            "(torch.cuda.is_available() is False)"
+        )
     count = torch.cuda.device_count()
     if device_index >= count:
         return None, f"GPU part skipped: CUDA device {device_index} requested but only {count} visible"
@@ -131,8 +136,15 @@ def _cuda_driver_attrs(index: int) -> dict[str, Any]:
 
 
 NVSMI_FIELDS = (
-    "name", "driver_version", "pcie.link.gen.max", "pcie.link.width.max", "pcie.link.gen.current",
-    "pcie.link.width.current", "clocks.max.sm", "power.limit", "pci.bus_id",
+    "name",
+    "driver_version",
+    "pcie.link.gen.max",
+    "pcie.link.width.max",
+    "pcie.link.gen.current",
+    "pcie.link.width.current",
+    "clocks.max.sm",
+    "power.limit",
+    "pci.bus_id",
 )
 
 
@@ -163,11 +175,25 @@ def _int_or_none(text: str | None) -> int | None:
 
 def device_info(torch: Any, index: int) -> dict[str, Any]:
     """What the profile needs to know about the device, each read guarded."""
-    info: dict[str, Any] = {"index": index, "torch": torch.__version__, "cuda": torch.version.cuda,
-                            "device_count": torch.cuda.device_count()}
+    info: dict[str, Any] = {
+        "index": index,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device_count": torch.cuda.device_count(),
+    }
     props = torch.cuda.get_device_properties(index)
-    for attr in ("name", "total_memory", "multi_processor_count", "major", "minor", "L2_cache_size",
-                 "memory_bus_width", "memory_clock_rate", "clock_rate", "uuid"):
+    for attr in (
+        "name",
+        "total_memory",
+        "multi_processor_count",
+        "major",
+        "minor",
+        "L2_cache_size",
+        "memory_bus_width",
+        "memory_clock_rate",
+        "clock_rate",
+        "uuid",
+    ):
         with contextlib.suppress(Exception):
             v = getattr(props, attr)
             info[attr] = v if isinstance(v, int | float | str) else str(v)
@@ -196,8 +222,14 @@ def _host_buffer(torch: Any, nbytes: int, pinned: bool, value: int) -> Any:
 
 
 def measure_transfers(
-    torch: Any, device: Any, sizes: list[int], repeats: int, warmup: int, bidirectional: bool,
-    part: PartResult, rep: Reporter,
+    torch: Any,
+    device: Any,
+    sizes: list[int],
+    repeats: int,
+    warmup: int,
+    bidirectional: bool,
+    part: PartResult,
+    rep: Reporter,
 ) -> None:
     """H2D and D2H copies per size, pinned and pageable, alone; pinned also both at once.
 
@@ -206,18 +238,40 @@ def measure_transfers(
     ``host_wall_s`` (issue to completion, as seen by Python).
     """
     rows = part.rows("transfers")
-    max_size = max(sizes)
     gate_cycles = 0
     if hasattr(torch.cuda, "_sleep"):
         props = torch.cuda.get_device_properties(device)
         gate_cycles = int(getattr(props, "clock_rate", 1_500_000) * 2)  # ~2 ms at the SM clock (kHz)
     for memory in ("pinned", "pageable"):
-        pinned = memory == "pinned"
-        h_src = _host_buffer(torch, max_size, pinned, 1)
-        h_dst = _host_buffer(torch, max_size, pinned, 0)
-        d_src = torch.ones(max_size, dtype=torch.uint8, device=device)
-        d_dst = torch.empty(max_size, dtype=torch.uint8, device=device)
-        streams = {"h2d": torch.cuda.Stream(device), "d2h": torch.cuda.Stream(device)}
+        _transfers_one_memory(
+            torch, device, memory, sizes, repeats, warmup, bidirectional, gate_cycles, rows, rep
+        )
+        # the buffers are gone with the call's frame; hand the memory back
+        torch.cuda.empty_cache()
+        _empty_host_cache(torch)
+
+
+def _transfers_one_memory(
+    torch: Any,
+    device: Any,
+    memory: str,
+    sizes: list[int],
+    repeats: int,
+    warmup: int,
+    bidirectional: bool,
+    gate_cycles: int,
+    rows: list,
+    rep: Reporter,
+) -> None:
+    pinned = memory == "pinned"
+    max_size = max(sizes)
+    h_src = _host_buffer(torch, max_size, pinned, 1)
+    h_dst = _host_buffer(torch, max_size, pinned, 0)
+    d_src = torch.ones(max_size, dtype=torch.uint8, device=device)
+    d_dst = torch.empty(max_size, dtype=torch.uint8, device=device)
+    streams = {"h2d": torch.cuda.Stream(device), "d2h": torch.cuda.Stream(device)}
+    torch.cuda.synchronize(device)  # the side streams do not wait for the default stream's fills
+    try:
         for size in sizes:
             pair = {"h2d": (h_src[:size], d_dst[:size]), "d2h": (d_src[:size], h_dst[:size])}
             for direction, (src, dst) in pair.items():
@@ -225,25 +279,44 @@ def measure_transfers(
                 samples = []
                 for i in range(warmup + repeats):
                     t0 = time.perf_counter()
-                    dt = timed(torch, device, lambda src=src, dst=dst: dst.copy_(src, non_blocking=pinned), s)
+                    dt = timed(torch, device, partial(dst.copy_, src, non_blocking=pinned), s)
                     wall = time.perf_counter() - t0
                     if i >= warmup:
                         samples.append(dt)
-                        rows.append({"direction": direction, "memory": memory, "concurrency": "alone",
-                                     "size_bytes": size, "rep": i - warmup, "device_time_s": dt,
-                                     "host_wall_s": wall, "gb_per_s": size / dt / 1e9})
-                rep.say(f"[gpu] {direction} {memory:8s} {fmt_bytes(size):>8s}: "
-                        f"{size / median(samples) / 1e9:8.2f} GB/s")
+                        rows.append(
+                            {
+                                "direction": direction,
+                                "memory": memory,
+                                "concurrency": "alone",
+                                "size_bytes": size,
+                                "rep": i - warmup,
+                                "device_time_s": dt,
+                                "host_wall_s": wall,
+                                "gb_per_s": size / dt / 1e9,
+                            }
+                        )
+                rep.say(
+                    f"[gpu] {direction} {memory:8s} {fmt_bytes(size):>8s}: "
+                    f"{size / median(samples) / 1e9:8.2f} GB/s"
+                )
             if pinned and bidirectional:
                 _bidir(torch, device, size, pair, streams, repeats, warmup, gate_cycles, rows, rep)
-        del h_src, h_dst, d_src, d_dst
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        _empty_host_cache(torch)
+    finally:
+        torch.cuda.synchronize(device)  # side-stream copies done before the buffers go back
 
 
-def _bidir(torch: Any, device: Any, size: int, pair: dict, streams: dict, repeats: int, warmup: int,
-           gate_cycles: int, rows: list, rep: Reporter) -> None:
+def _bidir(
+    torch: Any,
+    device: Any,
+    size: int,
+    pair: dict,
+    streams: dict,
+    repeats: int,
+    warmup: int,
+    gate_cycles: int,
+    rows: list,
+    rep: Reporter,
+) -> None:
     gate = torch.cuda.Stream(device)
     samples: dict[str, list[float]] = {"h2d": [], "d2h": []}
     for i in range(warmup + repeats):
@@ -269,11 +342,22 @@ def _bidir(torch: Any, device: Any, size: int, pair: dict, streams: dict, repeat
         for direction, (e0, e1) in ev.items():
             dt = e0.elapsed_time(e1) / 1e3
             samples[direction].append(dt)
-            rows.append({"direction": direction, "memory": "pinned", "concurrency": "bidir",
-                         "size_bytes": size, "rep": i - warmup, "device_time_s": dt,
-                         "host_wall_s": float("nan"), "gb_per_s": size / dt / 1e9})
-    rep.say(f"[gpu] bidir    pinned   {fmt_bytes(size):>8s}: "
-            + ", ".join(f"{d} {size / median(v) / 1e9:.2f} GB/s" for d, v in samples.items()))
+            rows.append(
+                {
+                    "direction": direction,
+                    "memory": "pinned",
+                    "concurrency": "bidir",
+                    "size_bytes": size,
+                    "rep": i - warmup,
+                    "device_time_s": dt,
+                    "host_wall_s": float("nan"),
+                    "gb_per_s": size / dt / 1e9,
+                }
+            )
+    rep.say(
+        f"[gpu] bidir    pinned   {fmt_bytes(size):>8s}: "
+        + ", ".join(f"{d} {size / median(v) / 1e9:.2f} GB/s" for d, v in samples.items())
+    )
 
 
 def _empty_host_cache(torch: Any) -> None:
@@ -292,17 +376,33 @@ def _dtype(torch: Any, name: str) -> Any:
 
 @contextlib.contextmanager
 def _tf32(torch: Any, allow: bool):
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allow
+    """fp32 matmuls on tensor cores (tf32) or not, restored afterwards.
+
+    Newer torch has ``torch.backends.cuda.matmul.fp32_precision``; older ones ``allow_tf32``.
+    """
+    m = torch.backends.cuda.matmul
+    if hasattr(m, "fp32_precision"):
+        attr, value = "fp32_precision", ("tf32" if allow else "ieee")
+    else:
+        attr, value = "allow_tf32", allow
+    old = getattr(m, attr)
+    setattr(m, attr, value)
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+        setattr(m, attr, old)
 
 
 def measure_gemm(
-    torch: Any, device: Any, shapes: list[tuple[int, int, int]], dtypes: list[str], repeats: int,
-    warmup: int, part: PartResult, rep: Reporter, flush_bytes: int = 256 * MiB,
+    torch: Any,
+    device: Any,
+    shapes: list[tuple[int, int, int]],
+    dtypes: list[str],
+    repeats: int,
+    warmup: int,
+    part: PartResult,
+    rep: Reporter,
+    flush_bytes: int = 256 * MiB,
 ) -> None:
     """``C = A @ B`` per (m, n, k) and dtype; one row per timed call (``kind='gemm'``).
 
@@ -320,31 +420,52 @@ def measure_gemm(
             if device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(device)
                 if need > 0.8 * free:
-                    rep.warn(f"GEMM {m}x{n}x{k} {dname} skipped: needs {fmt_bytes(need)}, "
-                             f"{fmt_bytes(free)} free on the GPU", part)
+                    rep.warn(
+                        f"GEMM {m}x{n}x{k} {dname} skipped: needs {fmt_bytes(need)}, "
+                        f"{fmt_bytes(free)} free on the GPU",
+                        part,
+                    )
                     continue
             a = torch.randn(m, k, dtype=dt, device=device)
             b = torch.randn(k, n, dtype=dt, device=device)
             c = torch.empty(m, n, dtype=dt, device=device)
             flop = 2.0 * m * n * k
             samples = []
-            ctx = _tf32(torch, dname == "tf32") if device.type == "cuda" else contextlib.nullcontext()
+            fp32 = dname in ("fp32", "tf32") and device.type == "cuda"
+            ctx = _tf32(torch, dname == "tf32") if fp32 else contextlib.nullcontext()
             with ctx:
                 for i in range(warmup + repeats):
                     flush.zero_()
                     t = timed(torch, device, lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
                     if i >= warmup:
                         samples.append(t)
-                        rows.append({"kind": "gemm", "dtype": dname, "m": m, "n": n, "k": k, "rep": i - warmup,
-                                     "flop": flop, "time_s": t, "tflops": flop / t / 1e12})
+                        rows.append(
+                            {
+                                "kind": "gemm",
+                                "dtype": dname,
+                                "m": m,
+                                "n": n,
+                                "k": k,
+                                "rep": i - warmup,
+                                "flop": flop,
+                                "time_s": t,
+                                "tflops": flop / t / 1e12,
+                            }
+                        )
             rep.say(f"[gpu] gemm {dname} {m}x{n}x{k}: {flop / median(samples) / 1e12:.2f} TFLOP/s")
             del a, b, c
     del flush
 
 
 def measure_block(
-    torch: Any, device: Any, shape: tuple[int, int, int, int, int], dtype: str, repeats: int,
-    part: PartResult, rep: Reporter, warmup: int = 2,
+    torch: Any,
+    device: Any,
+    shape: tuple[int, int, int, int, int],
+    dtype: str,
+    repeats: int,
+    part: PartResult,
+    rep: Reporter,
+    warmup: int = 2,
 ) -> None:
     """Forward and backward time of one transformer block (SDPA attention + MLP).
 
@@ -362,11 +483,17 @@ def measure_block(
     fwd_flop = block_flops(b, s, h, f)
     rows = part.rows("gemm")
     fw, bw = [], []
+    out: dict[str, Any] = {}
+
+    def forward() -> None:
+        out["y"] = block(x)
+
+    def backward() -> None:
+        out["y"].backward(torch.ones_like(out["y"]))
+
     for i in range(warmup + repeats):
-        out: dict[str, Any] = {}
-        t_f = timed(torch, device, lambda: out.__setitem__("y", block(x)))
-        g = torch.ones_like(out["y"])
-        t_b = timed(torch, device, lambda: out["y"].backward(g))
+        t_f = timed(torch, device, forward)
+        t_b = timed(torch, device, backward)
         block.zero_grad(set_to_none=True)
         x.grad = None
         if i < warmup:
@@ -374,15 +501,30 @@ def measure_block(
         fw.append(t_f)
         bw.append(t_b)
         for kind, t, flop in (("block_fwd", t_f, fwd_flop), ("block_bwd", t_b, 2 * fwd_flop)):
-            rows.append({"kind": kind, "dtype": dtype, "batch": b, "seq": s, "hidden": h, "heads": heads,
-                         "ffn_hidden": f, "rep": i - warmup, "flop": flop, "time_s": t,
-                         "tflops": flop / t / 1e12})
-    rep.say(f"[gpu] block {dtype} b={b} s={s} h={h} f={f}: forward {median(fw) * 1e3:.2f} ms, "
-            f"backward {median(bw) * 1e3:.2f} ms")
+            rows.append(
+                {
+                    "kind": kind,
+                    "dtype": dtype,
+                    "batch": b,
+                    "seq": s,
+                    "hidden": h,
+                    "heads": heads,
+                    "ffn_hidden": f,
+                    "rep": i - warmup,
+                    "flop": flop,
+                    "time_s": t,
+                    "tflops": flop / t / 1e12,
+                }
+            )
+    rep.say(
+        f"[gpu] block {dtype} b={b} s={s} h={h} f={f}: forward {median(fw) * 1e3:.2f} ms, "
+        f"backward {median(bw) * 1e3:.2f} ms"
+    )
 
 
-def measure_hbm(torch: Any, device: Any, nbytes: int, repeats: int, part: PartResult, rep: Reporter,
-                warmup: int = 2) -> None:
+def measure_hbm(
+    torch: Any, device: Any, nbytes: int, repeats: int, part: PartResult, rep: Reporter, warmup: int = 2
+) -> None:
     """Device-to-device copy of ``nbytes``; rate counts read + write (2 x nbytes per copy)."""
     device = torch.device(device)
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
@@ -393,10 +535,19 @@ def measure_hbm(torch: Any, device: Any, nbytes: int, repeats: int, part: PartRe
         t = timed(torch, device, lambda: dst.copy_(src))
         if i >= warmup:
             samples.append(t)
-            rows.append({"size_bytes": nbytes, "rep": i - warmup, "time_s": t,
-                         "bytes_moved": 2 * nbytes, "gb_per_s": 2 * nbytes / t / 1e9})
-    rep.say(f"[gpu] device memory copy {fmt_bytes(nbytes)}: {2 * nbytes / median(samples) / 1e9:.1f} GB/s "
-            "(read + write)")
+            rows.append(
+                {
+                    "size_bytes": nbytes,
+                    "rep": i - warmup,
+                    "time_s": t,
+                    "bytes_moved": 2 * nbytes,
+                    "gb_per_s": 2 * nbytes / t / 1e9,
+                }
+            )
+    rep.say(
+        f"[gpu] device memory copy {fmt_bytes(nbytes)}: {2 * nbytes / median(samples) / 1e9:.1f} GB/s "
+        "(read + write)"
+    )
 
 
 def measure_pinning(torch: Any, sizes: list[int], repeats: int, part: PartResult, rep: Reporter) -> None:
@@ -420,8 +571,15 @@ def measure_pinning(torch: Any, sizes: list[int], repeats: int, part: PartResult
             held.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
             t = time.perf_counter() - t0
             ts.append(t)
-            rows.append({"method": "torch_pin_memory", "size_bytes": size, "rep": r, "time_s": t,
-                         "s_per_gib": t / (size / GiB)})
+            rows.append(
+                {
+                    "method": "torch_pin_memory",
+                    "size_bytes": size,
+                    "rep": r,
+                    "time_s": t,
+                    "s_per_gib": t / (size / GiB),
+                }
+            )
         del held
         _empty_host_cache(torch)
         msg = f"[gpu] pin {fmt_bytes(size)}: {median(ts) / (size / GiB):.3f} s/GiB (torch pin_memory)"
@@ -434,8 +592,15 @@ def measure_pinning(torch: Any, sizes: list[int], repeats: int, part: PartResult
             t = time.perf_counter() - t0
             if err == 0:
                 cudart.cudaHostUnregister(buf.data_ptr())
-                rows.append({"method": "cudaHostRegister", "size_bytes": size, "rep": 0, "time_s": t,
-                             "s_per_gib": t / (size / GiB)})
+                rows.append(
+                    {
+                        "method": "cudaHostRegister",
+                        "size_bytes": size,
+                        "rep": 0,
+                        "time_s": t,
+                        "s_per_gib": t / (size / GiB),
+                    }
+                )
                 msg += f", {t / (size / GiB):.3f} s/GiB (cudaHostRegister)"
             del buf
         rep.say(msg)
@@ -456,8 +621,11 @@ def _fit_memory(torch: Any, device: Any, sizes: list[int], part: PartResult, rep
         keep.append(s)
     dropped = sorted(set(sizes) - set(keep))
     if dropped:
-        rep.warn(f"transfer sizes {', '.join(fmt_bytes(s) for s in dropped)} skipped: not enough free "
-                 "host or device memory", part)
+        rep.warn(
+            f"transfer sizes {', '.join(fmt_bytes(s) for s in dropped)} skipped: not enough free "
+            "host or device memory",
+            part,
+        )
     return keep
 
 
@@ -473,27 +641,59 @@ def run_gpu_part(settings: CalibrationSettings, rep: Reporter) -> PartResult:
     torch.cuda.set_device(device)
     torch.cuda.init()
     part.info = device_info(torch, settings.device_index)
-    rep.say(f"[gpu] {part.info.get('name')} (CUDA {part.info.get('cuda')}, driver "
-            f"{part.info.get('driver_version', '?')}, copy engines {part.info.get('copy_engines', '?')})")
+    rep.say(
+        f"[gpu] {part.info.get('name')} (CUDA {part.info.get('cuda')}, driver "
+        f"{part.info.get('driver_version', '?')}, copy engines {part.info.get('copy_engines', '?')})"
+    )
     steps: list[tuple[str, Callable[[], None]]] = []
     sizes = _fit_memory(torch, device, list(settings.transfer_sizes), part, rep)
     if len(sizes) >= 2:
-        steps.append(("transfers", lambda: measure_transfers(
-            torch, device, sizes, settings.transfer_repeats, settings.transfer_warmup,
-            settings.bidirectional, part, rep)))
+        steps.append(
+            (
+                "transfers",
+                lambda: measure_transfers(
+                    torch,
+                    device,
+                    sizes,
+                    settings.transfer_repeats,
+                    settings.transfer_warmup,
+                    settings.bidirectional,
+                    part,
+                    rep,
+                ),
+            )
+        )
     steps += [
-        ("gemm", lambda: measure_gemm(torch, device, list(settings.gemm_shapes), list(settings.gemm_dtypes),
-                                      settings.gemm_repeats, settings.gemm_warmup, part, rep,
-                                      settings.l2_flush_bytes)),
-        ("block", lambda: measure_block(torch, device, settings.block_shape, settings.block_dtype,
-                                        settings.block_repeats, part, rep)),
+        (
+            "gemm",
+            lambda: measure_gemm(
+                torch,
+                device,
+                list(settings.gemm_shapes),
+                list(settings.gemm_dtypes),
+                settings.gemm_repeats,
+                settings.gemm_warmup,
+                part,
+                rep,
+                settings.l2_flush_bytes,
+            ),
+        ),
+        (
+            "block",
+            lambda: measure_block(
+                torch, device, settings.block_shape, settings.block_dtype, settings.block_repeats, part, rep
+            ),
+        ),
         ("hbm", lambda: measure_hbm(torch, device, settings.hbm_bytes, settings.transfer_repeats, part, rep)),
-        ("pinning", lambda: measure_pinning(torch, list(settings.pin_sizes), settings.pin_repeats, part, rep)),
+        (
+            "pinning",
+            lambda: measure_pinning(torch, list(settings.pin_sizes), settings.pin_repeats, part, rep),
+        ),
     ]
     for name, step in steps:
         try:
             step()
-        except Exception as exc:  # one failed measurement must not stop the others  # noqa: BLE001
+        except Exception as exc:  # one failed measurement must not stop the others
             part.degrade()
             rep.warn(f"GPU {name} measurement failed: {type(exc).__name__}: {exc}", part)
             with contextlib.suppress(Exception):

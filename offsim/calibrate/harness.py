@@ -89,8 +89,9 @@ class CalibrationReport:
 # Fits
 
 
-def _resolve_peak(settings: CalibrationSettings, base: HardwareProfile | None,
-                  device: str | None) -> tuple[dict[str, float] | None, str | None]:
+def _resolve_peak(
+    settings: CalibrationSettings, base: HardwareProfile | None, device: str | None
+) -> tuple[dict[str, float] | None, str | None]:
     if settings.peak_tflops:
         return dict(settings.peak_tflops), "given"
     if base is not None and device and base.gpu.model == device:
@@ -108,8 +109,9 @@ def _peak_for(peaks: dict[str, float], dtype: str) -> float | None:
     return peaks.get(dtype) or (peaks.get(alias) if alias else None)
 
 
-def _nvme_drives(settings: CalibrationSettings, base: HardwareProfile | None,
-                 nvme: PartResult | None) -> tuple[int, str]:
+def _nvme_drives(
+    settings: CalibrationSettings, base: HardwareProfile | None, nvme: PartResult | None
+) -> tuple[int, str]:
     if settings.nvme_drives:
         return settings.nvme_drives, "given"
     if base is not None and base.nvme is not None:
@@ -120,71 +122,109 @@ def _nvme_drives(settings: CalibrationSettings, base: HardwareProfile | None,
     return 1, "measured"
 
 
-def summarize(parts: dict[str, PartResult], settings: CalibrationSettings, base: HardwareProfile | None,
-              rep: Reporter) -> dict[str, Any]:
+def _summarize_transfers(gpu: PartResult, rep: Reporter) -> dict[str, Any]:
+    tfits = fit_transfers(gpu.rows("transfers"))
+    for k, v in tfits.items():
+        if v.fit is None:
+            rep.warn(f"transfer fit {k} failed: {v.error}", gpu)
+            continue
+        rep.say(f"[fit] {k}: {v.fit.summary()}")
+        if v.fit.rms_rel_error > POOR_FIT_RMS:
+            rep.warn(
+                f"transfer fit {k}: RMS relative error {v.fit.rms_rel_error:.0%} (max "
+                f"{v.fit.max_rel_error:.0%}); latency + size/bandwidth describes these copies poorly; "
+                "the profile keeps the measured points, which the simulator uses instead",
+                gpu,
+            )
+    return {
+        "transfers": {k: v.to_dict() for k, v in tfits.items()},
+        "duplex_efficiency": duplex_efficiency(tfits),
+    }
+
+
+def _summarize_gemm(
+    gpu: PartResult, settings: CalibrationSettings, base: HardwareProfile | None, rep: Reporter
+) -> dict[str, Any]:
+    peaks, source = _resolve_peak(settings, base, gpu.info.get("name"))
+    gemm: dict[str, Any] = {"peak_tflops": peaks, "peak_source": source, "by_dtype": {}}
+    for dt in settings.gemm_dtypes:
+        peak = _peak_for(peaks or {}, dt)
+        rows = [r for r in gpu.rows("gemm") if r["kind"] == "gemm" and r["dtype"] == dt]
+        med = medians_by(rows, ("m", "n", "k"), "tflops")
+        entry: dict[str, Any] = {
+            "tflops_by_shape": [[m, n, k, v] for (m, n, k), v in sorted(med.items())],
+            "peak_tflops": peak,
+        }
+        if peak and rows:
+            pts, msgs = gemm_efficiency_points(rows, peak, dt)
+            entry["efficiency"] = pts
+            for m in msgs:
+                rep.warn(m, gpu)
+            if "efficiency" not in gemm:
+                gemm["efficiency"], gemm["efficiency_dtype"] = pts, dt
+        gemm["by_dtype"][dt] = entry
+    if gpu.rows("gemm") and not peaks:
+        rep.warn(
+            "GEMM efficiency not computed: no peak TFLOP/s known for "
+            f"'{gpu.info.get('name')}' (give settings.peak_tflops or a base profile)",
+            gpu,
+        )
+    blocks = [r for r in gpu.rows("gemm") if r["kind"].startswith("block_")]
+    flop = {r["kind"]: r["flop"] for r in blocks}
+    gemm["block"] = {
+        k: {"time_s": v, "tflops": flop[k] / v / 1e12}
+        for (k,), v in medians_by(blocks, ("kind",), "time_s").items()
+    }
+    return gemm
+
+
+def _summarize_nvme(
+    nvme: PartResult, settings: CalibrationSettings, base: HardwareProfile | None, rep: Reporter
+) -> dict[str, Any]:
+    drives, origin = _nvme_drives(settings, base, nvme)
+    nfit = fit_nvme(nvme.rows("nvme"), drives)
+    nfit["drives_origin"] = origin
+    for op in ("read", "write"):
+        if op in nfit:
+            rep.say(
+                f"[fit] nvme {op}: {nfit[op]['array_gb_per_s']:.3f} GB/s best "
+                f"({nfit[op]['per_drive_gb_per_s']:.3f} per drive, {drives} drive(s))"
+            )
+    sus = nfit.get("sustained", {})
+    if sus.get("drop"):
+        rep.say(
+            f"[fit] nvme write cache: {sus['early_gb_per_s']:.2f} -> {sus['late_gb_per_s']:.2f} GB/s "
+            f"after {fmt_bytes(sus['cache_bytes'])}"
+        )
+    nfit["info"] = nvme.info
+    return nfit
+
+
+def summarize(
+    parts: dict[str, PartResult], settings: CalibrationSettings, base: HardwareProfile | None, rep: Reporter
+) -> dict[str, Any]:
     """Every fit and summary that goes into ``fits.json``; poor fits become messages."""
     out: dict[str, Any] = {}
     gpu = parts.get("gpu")
     if gpu is not None and gpu.tables:
-        tfits = fit_transfers(gpu.rows("transfers"))
-        out["transfers"] = {k: v.to_dict() for k, v in tfits.items()}
-        for k, v in tfits.items():
-            if v.fit is None:
-                rep.warn(f"transfer fit {k} failed: {v.error}", gpu)
-                continue
-            rep.say(f"[fit] {k}: {v.fit.summary()}")
-            if v.fit.rms_rel_error > POOR_FIT_RMS:
-                rep.warn(f"transfer fit {k}: RMS relative error {v.fit.rms_rel_error:.0%} (max "
-                         f"{v.fit.max_rel_error:.0%}); latency + size/bandwidth describes these copies poorly; "
-                         "the profile keeps the measured points, which the simulator uses instead", gpu)
-        out["duplex_efficiency"] = duplex_efficiency(tfits)
-        peaks, source = _resolve_peak(settings, base, gpu.info.get("name"))
-        gemm: dict[str, Any] = {"peak_tflops": peaks, "peak_source": source, "by_dtype": {}}
-        for dt in settings.gemm_dtypes:
-            peak = _peak_for(peaks or {}, dt)
-            rows = [r for r in gpu.rows("gemm") if r["kind"] == "gemm" and r["dtype"] == dt]
-            med = medians_by(rows, ("m", "n", "k"), "tflops")
-            entry: dict[str, Any] = {"tflops_by_shape": [[m, n, k, v] for (m, n, k), v in sorted(med.items())],
-                                     "peak_tflops": peak}
-            if peak and rows:
-                pts, msgs = gemm_efficiency_points(rows, peak, dt)
-                entry["efficiency"] = pts
-                for m in msgs:
-                    rep.warn(m, gpu)
-                if "efficiency" not in gemm:
-                    gemm["efficiency"], gemm["efficiency_dtype"] = pts, dt
-            gemm["by_dtype"][dt] = entry
-        if gpu.rows("gemm") and not peaks:
-            rep.warn("GEMM efficiency not computed: no peak TFLOP/s known for "
-                     f"'{gpu.info.get('name')}' (give settings.peak_tflops or a base profile)", gpu)
-        blocks = [r for r in gpu.rows("gemm") if r["kind"].startswith("block_")]
-        gemm["block"] = {k[0]: {"time_s": v, "tflops": next(r["flop"] for r in blocks if r["kind"] == k[0]) / v / 1e12}
-                         for k, v in medians_by(blocks, ("kind",), "time_s").items()}
-        out["gemm"] = gemm
+        out.update(_summarize_transfers(gpu, rep))
+        out["gemm"] = _summarize_gemm(gpu, settings, base, rep)
         if gpu.rows("hbm"):
-            out["hbm"] = {"gb_per_s": median(r["gb_per_s"] for r in gpu.rows("hbm")),
-                          "convention": "read + write bytes per second"}
+            out["hbm"] = {
+                "gb_per_s": median(r["gb_per_s"] for r in gpu.rows("hbm")),
+                "convention": "read + write bytes per second",
+            }
         pin = medians_by(gpu.rows("pinning"), ("method", "size_bytes"), "s_per_gib")
-        out["pinning_s_per_gib"] = [{"method": m, "size_bytes": s, "s_per_gib": v} for (m, s), v in sorted(pin.items())]
+        out["pinning_s_per_gib"] = [
+            {"method": m, "size_bytes": s, "s_per_gib": v} for (m, s), v in sorted(pin.items())
+        ]
         out["gpu_info"] = gpu.info
     cpu = parts.get("cpu")
     if cpu is not None and cpu.rows("cpu"):
         out["cpu"] = fit_cpu(cpu.rows("cpu"))
     nvme = parts.get("nvme")
     if nvme is not None and nvme.rows("nvme"):
-        drives, origin = _nvme_drives(settings, base, nvme)
-        nfit = fit_nvme(nvme.rows("nvme"), drives)
-        nfit["drives_origin"] = origin
-        out["nvme"] = nfit
-        for op in ("read", "write"):
-            if op in nfit:
-                rep.say(f"[fit] nvme {op}: {nfit[op]['array_gb_per_s']:.3f} GB/s best "
-                        f"({nfit[op]['per_drive_gb_per_s']:.3f} per drive, {drives} drive(s))")
-        sus = nfit.get("sustained", {})
-        if sus.get("drop"):
-            rep.say(f"[fit] nvme write cache: {sus['early_gb_per_s']:.2f} -> {sus['late_gb_per_s']:.2f} GB/s "
-                    f"after {fmt_bytes(sus['cache_bytes'])}")
-        nfit["info"] = nvme.info
+        out["nvme"] = _summarize_nvme(nvme, settings, base, rep)
     return out
 
 
@@ -225,13 +265,16 @@ def run_calibration(
         ConfigError: a bad ``name``, unknown ``parts``, or an output folder that cannot be written.
     """
     if not NAME_RE.match(name):
-        raise ConfigError(f"profile name '{name}': use lower-case letters, digits, '.', '_' and '-', "
-                          "starting with a letter or digit")
+        raise ConfigError(
+            f"profile name '{name}': use lower-case letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
     wanted = set(PARTS if parts is None else parts)
     unknown = wanted - set(PARTS)
     if unknown:
-        raise ConfigError(f"unknown calibration part(s): {', '.join(sorted(unknown))} (choose from "
-                          f"{', '.join(PARTS)})")
+        raise ConfigError(
+            f"unknown calibration part(s): {', '.join(sorted(unknown))} (choose from {', '.join(PARTS)})"
+        )
     settings = settings or CalibrationSettings.preset(quick)
     out_dir = Path(out_dir)
     try:
@@ -241,8 +284,10 @@ def run_calibration(
 
     rep = Reporter(progress)
     system = system_facts()
-    rep.say(f"calibrating {system['host']} ({'quick' if settings.quick else 'full'} mode): "
-            f"{', '.join(p for p in PARTS if p in wanted)}")
+    rep.say(
+        f"calibrating {system['host']} ({'quick' if settings.quick else 'full'} mode): "
+        f"{', '.join(p for p in PARTS if p in wanted)}"
+    )
     runners = {
         "gpu": lambda: gpu_mod.run_gpu_part(settings, rep),
         "cpu": lambda: cpu_mod.run_cpu_part(settings, rep),
@@ -255,7 +300,7 @@ def run_calibration(
             continue
         try:
             results[p] = runners[p]()
-        except Exception as exc:  # a part's bug must not lose the others' results  # noqa: BLE001
+        except Exception as exc:  # a part's bug must not lose the others' results
             results[p] = PartResult(p, status="failed")
             rep.warn(f"{p} part failed: {type(exc).__name__}: {exc}", results[p])
 
@@ -274,12 +319,16 @@ def run_calibration(
         if profile is None:
             profile_path = None
     else:
-        why = (f"missing {', '.join(build.missing)}" if build.missing else "it does not validate")
-        hint = ("; the GPU was not measured and no base profile was given: pass a base profile for the GPU "
-                "fields" if any(m.startswith(("gpu.", "host_link.")) for m in build.missing) and base_profile is None
-                else "")
-        rep.warn(f"No complete profile could be written ({why}){hint}. Raw measurements and fits.json "
-                 f"are in {out_dir}.")
+        why = f"missing {', '.join(build.missing)}" if build.missing else "it does not validate"
+        hint = (
+            "; the GPU was not measured and no base profile was given: pass a base profile for the GPU fields"
+            if any(m.startswith(("gpu.", "host_link.")) for m in build.missing) and base_profile is None
+            else ""
+        )
+        rep.warn(
+            f"No complete profile could be written ({why}){hint}. Raw measurements and fits.json "
+            f"are in {out_dir}."
+        )
 
     fits_doc = {
         "offsim_version": system["offsim"],
@@ -288,7 +337,9 @@ def run_calibration(
         "base_profile": base_profile.name if base_profile is not None else None,
         "settings": settings.as_dict(),
         "system": system,
-        "parts": {p: {"status": r.status, "messages": r.messages, "info": r.info} for p, r in results.items()},
+        "parts": {
+            p: {"status": r.status, "messages": r.messages, "info": r.info} for p, r in results.items()
+        },
         "fits": fits,
         "profile": {
             "written": profile_path is not None,
@@ -303,8 +354,16 @@ def run_calibration(
     for line in (f"wrote {p}" for p in files):
         rep.say(line)
     return CalibrationReport(
-        out_dir=out_dir, name=name, profile=profile, profile_path=profile_path, complete=profile is not None,
-        parts=results, fits=fits_doc, files=files, messages=rep.messages, origins=build.origins,
+        out_dir=out_dir,
+        name=name,
+        profile=profile,
+        profile_path=profile_path,
+        complete=profile is not None,
+        parts=results,
+        fits=fits_doc,
+        files=files,
+        messages=rep.messages,
+        origins=build.origins,
     )
 
 

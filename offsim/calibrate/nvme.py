@@ -23,6 +23,7 @@ room for the test file. The test file is always removed (``try/finally``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -47,7 +48,7 @@ ALIGN = 4096
 TEST_FILE_PREFIX = ".offsim-calibrate-"
 
 
-class NvmeSkip(Exception):
+class NvmeTargetError(Exception):
     """The target cannot be measured; the message says why (one line, shown to the user)."""
 
 
@@ -104,12 +105,13 @@ def block_device_info(path: Path) -> dict[str, Any]:
     if (sysdir / "partition").exists():
         sysdir = sysdir.parent
     info["block_device"] = sysdir.name
-    for key, rel in (("model", "device/model"), ("rotational", "queue/rotational"),
-                     ("logical_block_bytes", "queue/logical_block_size")):
-        try:
+    for key, rel in (
+        ("model", "device/model"),
+        ("rotational", "queue/rotational"),
+        ("logical_block_bytes", "queue/logical_block_size"),
+    ):
+        with contextlib.suppress(OSError):
             info[key] = (sysdir / rel).read_text().strip()
-        except OSError:
-            pass
     try:
         slaves = sorted(p.name for p in (sysdir / "slaves").iterdir())
     except OSError:
@@ -128,16 +130,16 @@ def check_target(folder: Path) -> dict[str, Any]:
     """Checks that need no test file: the folder exists, is writable, is not in RAM.
 
     Raises:
-        NvmeSkip: with the one message to show.
+        NvmeTargetError: with the one message to show.
     """
     if not folder.is_dir():
-        raise NvmeSkip(f"NVMe part skipped: {folder} does not exist or is not a folder")
+        raise NvmeTargetError(f"NVMe part skipped: {folder} does not exist or is not a folder")
     if not os.access(folder, os.W_OK):
-        raise NvmeSkip(f"NVMe part skipped: no write permission in {folder}")
+        raise NvmeTargetError(f"NVMe part skipped: no write permission in {folder}")
     mount = mount_of(folder)
     if ram_backed(mount):
         assert mount is not None
-        raise NvmeSkip(
+        raise NvmeTargetError(
             f"NVMe part skipped: {folder} is on a RAM-backed file system ({mount['fstype']} at "
             f"{mount['mount_point']}); the results would measure RAM, not a drive. "
             "Give a folder on the NVMe drive (--nvme-dir)"
@@ -146,10 +148,10 @@ def check_target(folder: Path) -> dict[str, Any]:
 
 
 def check_space(folder: Path, need_bytes: int) -> int:
-    """Free bytes in ``folder``; raises :class:`NvmeSkip` when below ``need_bytes``."""
+    """Free bytes in ``folder``; raises :class:`NvmeTargetError` when below ``need_bytes``."""
     free = shutil.disk_usage(folder).free
     if free < need_bytes:
-        raise NvmeSkip(
+        raise NvmeTargetError(
             f"NVMe part skipped: too little free disk in {folder}: the test needs {fmt_bytes(need_bytes)} "
             f"(test file and margin), {fmt_bytes(free)} free. Free space, or use --quick"
         )
@@ -172,10 +174,8 @@ class BenchFile:
 
     def close(self) -> None:
         for fd in [self.fd, *self.extra_fds]:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 def _aligned_buffer(nbytes: int, fill: bytes | None = None) -> mmap.mmap:
@@ -183,7 +183,7 @@ def _aligned_buffer(nbytes: int, fill: bytes | None = None) -> mmap.mmap:
     if fill:
         for off in range(0, nbytes, len(fill)):
             n = min(len(fill), nbytes - off)
-            buf[off:off + n] = fill[:n]
+            buf[off : off + n] = fill[:n]
     return buf
 
 
@@ -194,7 +194,7 @@ def open_test_file(path: Path) -> BenchFile:
     system refuses it and the file is reopened buffered.
 
     Raises:
-        NvmeSkip: the file cannot be created for lack of permission.
+        NvmeTargetError: the file cannot be created for lack of permission.
     """
     base = os.O_RDWR | os.O_CREAT | os.O_EXCL
     flag = direct_io_flag()
@@ -225,22 +225,33 @@ def open_test_file(path: Path) -> BenchFile:
                     probe.close()
     except OSError as exc:
         if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
-            raise NvmeSkip(f"NVMe part skipped: no write permission in {path.parent} ({exc.strerror})") from None
+            raise NvmeTargetError(
+                f"NVMe part skipped: no write permission in {path.parent} ({exc.strerror})"
+            ) from None
         raise
     return BenchFile(path, fd, direct=not why, why_not_direct=why)
 
 
 def _drop_cache(fd: int) -> None:
     if hasattr(os, "posix_fadvise"):
-        try:
+        with contextlib.suppress(OSError):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
 
 
-def run_io(fd: int, op: str, block: int, qd: int, region_bytes: int, total_bytes: float, seconds: float,
-           *, wrap: bool = False, sync: bool = True, direct: bool = True,
-           window_s: float | None = None) -> dict[str, Any]:
+def run_io(
+    fd: int,
+    op: str,
+    block: int,
+    qd: int,
+    region_bytes: int,
+    total_bytes: float,
+    seconds: float,
+    *,
+    wrap: bool = False,
+    sync: bool = True,
+    direct: bool = True,
+    window_s: float | None = None,
+) -> dict[str, Any]:
     """Sequential ``op`` ('read' or 'write') with ``qd`` threads of synchronous requests.
 
     Walks ``region_bytes`` of the file in ``block`` steps (wrapping around when ``wrap``),
@@ -341,17 +352,38 @@ def parse_fio_json(text: str, op: str) -> tuple[int, float]:
     return nbytes, ms / 1e3
 
 
-def run_fio(path: Path, op: str, block: int, qd: int, file_bytes: int, io_bytes: int, seconds: float,
-            direct: bool, engine: str) -> dict[str, Any]:
+def run_fio(
+    path: Path,
+    op: str,
+    block: int,
+    qd: int,
+    file_bytes: int,
+    io_bytes: int,
+    seconds: float,
+    direct: bool,
+    engine: str,
+) -> dict[str, Any]:
     """One fio job on the existing test file; returns ``bytes`` and ``time_s``."""
     exe = shutil.which("fio")
     if exe is None:
         raise FioError("fio is not on PATH")
     cmd = [
-        exe, "--name=offsim-calibrate", f"--filename={path}", f"--rw={op}", f"--bs={block}",
-        f"--iodepth={qd}", f"--ioengine={engine}", f"--direct={int(direct)}", f"--size={file_bytes}",
-        f"--io_size={io_bytes}", f"--runtime={max(1, math.ceil(seconds))}", "--numjobs=1", "--thread",
-        "--invalidate=1", "--randrepeat=0", "--output-format=json",
+        exe,
+        "--name=offsim-calibrate",
+        f"--filename={path}",
+        f"--rw={op}",
+        f"--bs={block}",
+        f"--iodepth={qd}",
+        f"--ioengine={engine}",
+        f"--direct={int(direct)}",
+        f"--size={file_bytes}",
+        f"--io_size={io_bytes}",
+        f"--runtime={max(1, math.ceil(seconds))}",
+        "--numjobs=1",
+        "--thread",
+        "--invalidate=1",
+        "--randrepeat=0",
+        "--output-format=json",
     ]
     if op == "write":
         cmd.append("--end_fsync=1")
@@ -379,15 +411,28 @@ def _file_size(settings: CalibrationSettings, direct: bool) -> int:
         size = 8 * GiB
         if not direct:  # buffered: larger than the page cache can hold
             size = max(size, int(1.25 * meminfo().get("MemTotal", 0)))
-    step = max(settings.nvme_block_sizes + (settings.sustained_block,))
+    step = max(*settings.nvme_block_sizes, settings.sustained_block)
     return max(step, size // step * step)
 
 
-def _row(phase: str, op: str, block: int, qd: int, res: dict[str, Any], tool: str, direct: bool) -> dict[str, Any]:
+def _row(
+    phase: str, op: str, block: int, qd: int, res: dict[str, Any], tool: str, direct: bool
+) -> dict[str, Any]:
     t = res["time_s"]
-    return {"phase": phase, "op": op, "block_bytes": block, "queue_depth": qd, "bytes": res["bytes"],
-            "time_s": t, "gb_per_s": res["bytes"] / t / 1e9 if t > 0 else 0.0, "tool": tool,
-            "direct_io": direct, "window": None, "window_start_s": None, "window_end_s": None}
+    return {
+        "phase": phase,
+        "op": op,
+        "block_bytes": block,
+        "queue_depth": qd,
+        "bytes": res["bytes"],
+        "time_s": t,
+        "gb_per_s": res["bytes"] / t / 1e9 if t > 0 else 0.0,
+        "tool": tool,
+        "direct_io": direct,
+        "window": None,
+        "window_start_s": None,
+        "window_end_s": None,
+    }
 
 
 def run_nvme_part(settings: CalibrationSettings, nvme_dir: Path | None, rep: Reporter) -> PartResult:
@@ -400,13 +445,14 @@ def run_nvme_part(settings: CalibrationSettings, nvme_dir: Path | None, rep: Rep
     folder = Path(nvme_dir)
     try:
         part.info.update(check_target(folder))
-    except NvmeSkip as exc:
+    except NvmeTargetError as exc:
         part.status = "skipped"
         rep.warn(str(exc), part)
         return part
     part.info.update(block_device_info(folder))
     if part.info.get("rotational") == "1":
-        rep.warn(f"{folder} is on a rotational disk ({part.info.get('block_device')}), not an SSD", part)
+        # often wrong in virtual machines (virtio disks report 1), so a progress line, not a warning
+        rep.say(f"[nvme] note: the kernel reports {part.info.get('block_device')} as rotational (not an SSD)")
     path = folder / f"{TEST_FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tmp"
     tf: BenchFile | None = None
     try:
@@ -414,17 +460,24 @@ def run_nvme_part(settings: CalibrationSettings, nvme_dir: Path | None, rep: Rep
         size = _file_size(settings, tf.direct)
         check_space(folder, size + settings.free_disk_margin_bytes)
         if not tf.direct:
-            rep.warn(f"NVMe: {tf.why_not_direct}; falling back to buffered I/O + fsync + "
-                     "posix_fadvise(DONTNEED)" + ("" if not settings.quick else
-                                                  " (quick mode: reads may still come from the page cache)"),
-                     part)
-        part.info.update({"test_file_bytes": size, "direct_io": tf.direct,
-                          "disk_total_bytes": shutil.disk_usage(folder).total})
+            rep.warn(
+                f"NVMe: {tf.why_not_direct}; falling back to buffered I/O + fsync + "
+                "posix_fadvise(DONTNEED)"
+                + ("" if not settings.quick else " (quick mode: reads may still come from the page cache)"),
+                part,
+            )
+        part.info.update(
+            {
+                "test_file_bytes": size,
+                "direct_io": tf.direct,
+                "disk_total_bytes": shutil.disk_usage(folder).total,
+            }
+        )
         _measure(settings, tf, size, part, rep)
-    except NvmeSkip as exc:
+    except NvmeTargetError as exc:
         part.status = "skipped"
         rep.warn(str(exc), part)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         part.status = "partial" if part.rows("nvme") else "failed"
         rep.warn(f"NVMe measurement failed: {type(exc).__name__}: {exc}", part)
     finally:
@@ -439,7 +492,9 @@ def run_nvme_part(settings: CalibrationSettings, nvme_dir: Path | None, rep: Rep
     return part
 
 
-def _measure(settings: CalibrationSettings, tf: BenchFile, size: int, part: PartResult, rep: Reporter) -> None:
+def _measure(
+    settings: CalibrationSettings, tf: BenchFile, size: int, part: PartResult, rep: Reporter
+) -> None:
     rows = part.rows("nvme")
     direct = tf.direct
     layout_block = max(settings.nvme_block_sizes)
@@ -455,22 +510,35 @@ def _measure(settings: CalibrationSettings, tf: BenchFile, size: int, part: Part
                 res, tool = None, "offsim"
                 if use_fio and not fio_failed:
                     try:
-                        res = run_fio(tf.path, op, block, qd, size, point_bytes, settings.nvme_point_seconds,
-                                      direct, settings.fio_ioengine)
+                        res = run_fio(
+                            tf.path,
+                            op,
+                            block,
+                            qd,
+                            size,
+                            point_bytes,
+                            settings.nvme_point_seconds,
+                            direct,
+                            settings.fio_ioengine,
+                        )
                         tool = "fio"
                     except FioError as exc:
                         fio_failed = True
                         rep.warn(f"NVMe: fio failed ({exc}); using offsim's own reader/writer", part)
                 if res is None:
-                    res = run_io(tf.fd, op, block, qd, size, point_bytes, settings.nvme_point_seconds,
-                                 direct=direct)
+                    res = run_io(
+                        tf.fd, op, block, qd, size, point_bytes, settings.nvme_point_seconds, direct=direct
+                    )
                 row = _row("sweep", op, block, qd, res, tool, direct)
                 rows.append(row)
-                rep.say(f"[nvme] {op:5s} bs={fmt_bytes(block):>8s} qd={qd:<3d}: {row['gb_per_s']:.3f} GB/s ({tool})")
+                rate = row["gb_per_s"]
+                rep.say(f"[nvme] {op:5s} bs={fmt_bytes(block):>8s} qd={qd:<3d}: {rate:.3f} GB/s ({tool})")
     _sustained(settings, tf, size, part, rep)
 
 
-def _sustained(settings: CalibrationSettings, tf: BenchFile, size: int, part: PartResult, rep: Reporter) -> None:
+def _sustained(
+    settings: CalibrationSettings, tf: BenchFile, size: int, part: PartResult, rep: Reporter
+) -> None:
     if settings.sustained_seconds <= 0:
         return
     if settings.sustained_idle_s > 0:
@@ -482,17 +550,42 @@ def _sustained(settings: CalibrationSettings, tf: BenchFile, size: int, part: Pa
         tf.extra_fds.append(fd)
     block, qd = settings.sustained_block, settings.sustained_queue_depth
     rep.say(f"[nvme] sustained write for {settings.sustained_seconds:g} s (bs={fmt_bytes(block)}, qd={qd})")
-    res = run_io(fd, "write", block, qd, size, math.inf, settings.sustained_seconds, wrap=True,
-                 direct=tf.direct, window_s=settings.sustained_window_s)
+    res = run_io(
+        fd,
+        "write",
+        block,
+        qd,
+        size,
+        math.inf,
+        settings.sustained_seconds,
+        wrap=True,
+        direct=tf.direct,
+        window_s=settings.sustained_window_s,
+    )
     rows = part.rows("nvme")
     for i, (t0, t1, nbytes) in enumerate(res["windows"]):
         dt = t1 - t0
-        rows.append({"phase": "sustained", "op": "write", "block_bytes": block, "queue_depth": qd,
-                     "bytes": nbytes, "time_s": dt, "gb_per_s": nbytes / dt / 1e9 if dt > 0 else 0.0,
-                     "tool": "offsim", "direct_io": tf.direct, "window": i, "window_start_s": t0,
-                     "window_end_s": t1})
+        rows.append(
+            {
+                "phase": "sustained",
+                "op": "write",
+                "block_bytes": block,
+                "queue_depth": qd,
+                "bytes": nbytes,
+                "time_s": dt,
+                "gb_per_s": nbytes / dt / 1e9 if dt > 0 else 0.0,
+                "tool": "offsim",
+                "direct_io": tf.direct,
+                "window": i,
+                "window_start_s": t0,
+                "window_end_s": t1,
+            }
+        )
     rates = [r["gb_per_s"] for r in rows if r["phase"] == "sustained"]
     if rates:
-        rep.say(f"[nvme] sustained write: {res['bytes'] / res['time_s'] / 1e9:.3f} GB/s average over "
-                f"{fmt_bytes(res['bytes'])}; windows {', '.join(f'{r:.2f}' for r in rates[:12])}"
-                + (" ..." if len(rates) > 12 else "") + " GB/s")
+        rep.say(
+            f"[nvme] sustained write: {res['bytes'] / res['time_s'] / 1e9:.3f} GB/s average over "
+            f"{fmt_bytes(res['bytes'])}; windows {', '.join(f'{r:.2f}' for r in rates[:12])}"
+            + (" ..." if len(rates) > 12 else "")
+            + " GB/s"
+        )

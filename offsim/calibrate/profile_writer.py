@@ -40,11 +40,19 @@ from offsim.units import GiB
 
 #: Fields a profile cannot do without (pydantic would refuse it).
 REQUIRED = (
-    "gpu.model", "gpu.memory_gib", "gpu.hbm_bandwidth_gb_per_s", "gpu.peak_tflops", "gpu.gemm_efficiency",
+    "gpu.model",
+    "gpu.memory_gib",
+    "gpu.hbm_bandwidth_gb_per_s",
+    "gpu.peak_tflops",
+    "gpu.gemm_efficiency",
     "gpu.copy_engines",
     *(f"host_link.{d}.{m}.bandwidth_gb_per_s" for d in ("h2d", "d2h") for m in ("pinned", "pageable")),
-    "cpu.model", "cpu.cores", "cpu.optimizer_params_per_s", "cpu.memcpy_gb_per_s",
-    "dram.capacity_gib", "dram.bandwidth_gb_per_s",
+    "cpu.model",
+    "cpu.cores",
+    "cpu.optimizer_params_per_s",
+    "cpu.memcpy_gb_per_s",
+    "dram.capacity_gib",
+    "dram.bandwidth_gb_per_s",
 )
 NVME_REQUIRED = ("nvme.model", "nvme.drives", "nvme.read_gb_per_s", "nvme.write_gb_per_s", "nvme.capacity_tb")
 SECTIONS = ("gpu", "host_link", "cpu", "dram", "nvme", "topology", "price_usd_per_hour")
@@ -128,15 +136,22 @@ def _compact(paths: list[str], all_origins: dict[str, str]) -> str:
     return "; ".join(out)
 
 
-def _gpu_fields(b: ProfileBuild, fits: dict[str, Any], gpu: PartResult | None, base: HardwareProfile | None,
-                msgs: list[str]) -> None:
+def _gpu_fields(
+    b: ProfileBuild,
+    fits: dict[str, Any],
+    gpu: PartResult | None,
+    base: HardwareProfile | None,
+    msgs: list[str],
+) -> None:
     info = gpu.info if gpu is not None else {}
     name = info.get("name")
     if not name:
         return
     if base is not None and base.gpu.model != name:
-        msgs.append(f"base profile '{base.name}' describes GPU '{base.gpu.model}' but '{name}' was measured: "
-                    "GPU fields not measured here are taken from the base and may not fit this GPU")
+        msgs.append(
+            f"base profile '{base.name}' describes GPU '{base.gpu.model}' but '{name}' was measured: "
+            "GPU fields not measured here are taken from the base and may not fit this GPU"
+        )
     b.set("gpu.model", name, "measured")
     if info.get("total_memory"):
         b.set("gpu.memory_gib", sig(info["total_memory"] / GiB, 6), "measured")
@@ -166,7 +181,10 @@ def _host_link_fields(b: ProfileBuild, fits: dict[str, Any], gpu: PartResult | N
                 continue
             fit = tf["fit"]
             pts = [[float(int(s)), sig(r)] for s, r in tf["points_bytes_gb_per_s"]]
-            curve = {"bandwidth_gb_per_s": sig(fit["bandwidth_gb_per_s"]), "latency_us": sig(fit["latency_us"])}
+            curve = {
+                "bandwidth_gb_per_s": sig(fit["bandwidth_gb_per_s"]),
+                "latency_us": sig(fit["latency_us"]),
+            }
             if len(pts) >= 2:
                 curve["points"] = pts
             b.set(f"host_link.{d}.{m}", curve, "measured")
@@ -174,8 +192,10 @@ def _host_link_fields(b: ProfileBuild, fits: dict[str, Any], gpu: PartResult | N
         pin = b.get(f"host_link.{d}.pinned.bandwidth_gb_per_s")
         pag = b.get(f"host_link.{d}.pageable.bandwidth_gb_per_s")
         if pin is not None and pag is not None and pag > pin:
-            msgs.append(f"{d}: pageable copies fitted faster than pinned ({pag} vs {pin} GB/s); the profile "
-                        "caps pageable bandwidth at the pinned one (the schema requires pageable <= pinned)")
+            msgs.append(
+                f"{d}: pageable copies fitted faster than pinned ({pag} vs {pin} GB/s); the profile "
+                "caps pageable bandwidth at the pinned one (the schema requires pageable <= pinned)"
+            )
             b.data["host_link"][d]["pageable"]["bandwidth_gb_per_s"] = pin
     if not measured_any:
         return
@@ -190,7 +210,9 @@ def _host_link_fields(b: ProfileBuild, fits: dict[str, Any], gpu: PartResult | N
         b.set("host_link.lanes", width, "measured")
 
 
-def _cpu_fields(b: ProfileBuild, fits: dict[str, Any], cpu: PartResult | None, system: dict[str, Any]) -> None:
+def _cpu_fields(
+    b: ProfileBuild, fits: dict[str, Any], cpu: PartResult | None, system: dict[str, Any]
+) -> None:
     facts = system.get("cpu", {})
     if cpu is None or not cpu.rows("cpu"):
         return
@@ -214,15 +236,21 @@ def _cpu_fields(b: ProfileBuild, fits: dict[str, Any], cpu: PartResult | None, s
         b.set("dram.capacity_gib", sig(mem / GiB, 5), "measured")
 
 
-def _nvme_fields(b: ProfileBuild, fits: dict[str, Any], nvme: PartResult | None, base: HardwareProfile | None,
-                 msgs: list[str]) -> None:
+def _nvme_fields(
+    b: ProfileBuild,
+    fits: dict[str, Any],
+    nvme: PartResult | None,
+    base: HardwareProfile | None,
+    msgs: list[str],
+) -> None:
     nfit = fits.get("nvme", {})
     if nvme is None or "read" not in nfit or "write" not in nfit:
         return
     info = nvme.info
     drives, drives_origin = nfit["drives"], nfit.get("drives_origin", "measured")
-    model = info.get("model") or (f"{info['block_device']} (model not reported)" if info.get("block_device")
-                                  else "unknown")
+    model = info.get("model") or (
+        f"{info['block_device']} (model not reported)" if info.get("block_device") else "unknown"
+    )
     b.set("nvme.model", str(model), "measured")
     b.set("nvme.drives", int(drives), drives_origin)
     b.set("nvme.read_gb_per_s", sig(nfit["read"]["per_drive_gb_per_s"]), "measured")
@@ -240,16 +268,24 @@ def _nvme_fields(b: ProfileBuild, fits: dict[str, Any], nvme: PartResult | None,
     elif sus:
         written = sus.get("total_bytes", 0) / 1e9
         kept = "kept from the base profile" if b.get("nvme.write_cache_gb") is not None else "left unset"
-        msgs.append(f"NVMe sustained write showed no drop in {written:.3g} GB: any write cache is larger than "
-                    f"that; post_cache_write_gb_per_s and write_cache_gb {kept}")
+        msgs.append(
+            f"NVMe sustained write showed no drop in {written:.3g} GB: any write cache is larger than "
+            f"that; post_cache_write_gb_per_s and write_cache_gb {kept}"
+        )
     if b.get("nvme.post_cache_write_gb_per_s") is not None and b.get("nvme.write_cache_gb") is None:
         b.data["nvme"].pop("post_cache_write_gb_per_s")
         b.origins.pop("nvme.post_cache_write_gb_per_s", None)
 
 
 def build_profile(
-    name: str, *, fits: dict[str, Any], parts: dict[str, PartResult], system: dict[str, Any],
-    base: HardwareProfile | None, settings: CalibrationSettings, date: str | None = None,
+    name: str,
+    *,
+    fits: dict[str, Any],
+    parts: dict[str, PartResult],
+    system: dict[str, Any],
+    base: HardwareProfile | None,
+    settings: CalibrationSettings,
+    date: str | None = None,
 ) -> ProfileBuild:
     """Assemble (and validate) the profile; see the module docstring for the rules."""
     b = ProfileBuild(data={})
@@ -271,17 +307,39 @@ def build_profile(
     by = b.by_origin()
     date = date or _dt.date.today().isoformat()
     host = system.get("host", "unknown")
-    tool = (f"offsim {offsim.__version__} calibrate (numpy {system.get('numpy')}, torch {system.get('torch')}, "
-            f"CUDA {system.get('torch_cuda')}"
-            + (f", driver {parts['gpu'].info.get('driver_version')}" if parts.get("gpu") and
-               parts["gpu"].info.get("driver_version") else "") + ")")
+    tool = (
+        f"offsim {offsim.__version__} calibrate (numpy {system.get('numpy')}, torch {system.get('torch')}, "
+        f"CUDA {system.get('torch_cuda')}"
+        + (
+            f", driver {parts['gpu'].info.get('driver_version')}"
+            if parts.get("gpu") and parts["gpu"].info.get("driver_version")
+            else ""
+        )
+        + ")"
+    )
     notes = [f"{origin}: {_compact(paths, b.origins)}" for origin, paths in by.items()]
     gpu_info = parts["gpu"].info if parts.get("gpu") else {}
     if gpu_info.get("name"):
-        notes.append(f"device: {gpu_info['name']} ({gpu_info.get('total_memory', 0) / GiB:.1f} GiB, "
-                     f"copy engines {gpu_info.get('copy_engines', '?')})")
-    notes.append(f"settings: {'quick' if settings.quick else 'full'} mode; statistics are medians of repeats; "
-                 "dram.bandwidth_gb_per_s = 2 x the best np.copyto rate (read + write, STREAM copy convention)")
+        notes.append(
+            f"device: {gpu_info['name']} ({gpu_info.get('total_memory', 0) / GiB:.1f} GiB, "
+            f"copy engines {gpu_info.get('copy_engines', '?')})"
+        )
+    notes.append(
+        f"settings: {'quick' if settings.quick else 'full'} mode; statistics are medians of repeats; "
+        "dram.bandwidth_gb_per_s = 2 x the best np.copyto rate (read + write, STREAM copy convention)"
+    )
+    best = best_optimizer(fits.get("cpu", {}))
+    if best is not None and b.origins.get("cpu.optimizer_params_per_s") == "measured":
+        impl = best[0]
+        opt = fits["cpu"]["optimizer"][impl]
+        notes.append(
+            f"cpu.optimizer_params_per_s: {impl}, fp32, {opt['params']:,} params, {opt['threads']} threads"
+            + (
+                " (PyTorch was missing: a numpy AdamW, slower than torch or DeepSpeed CPU-Adam)"
+                if impl == "numpy-adamw"
+                else ""
+            )
+        )
     notes += msgs
     non_measured = set(by) - {"measured", "derived"}
     source = f"offsim calibrate on host {host}"
@@ -293,7 +351,7 @@ def build_profile(
         "schema_version": 1,
         "name": name,
         "description": f"Measured by offsim calibrate on {host} ({date})"
-                       + (f", base profile {base.name}" if base is not None else ""),
+        + (f", base profile {base.name}" if base is not None else ""),
         "provenance": {
             "kind": "mixed" if non_measured else "measured",
             "source": source,
@@ -384,8 +442,10 @@ _Dumper.add_representer(str, _repr_str)
 
 def write_profile_yaml(path: Path, data: dict[str, Any]) -> Path:
     """The profile as YAML, in schema order, point lists inline."""
-    header = ("# Written by `offsim calibrate`. provenance.notes says which fields were measured on this\n"
-              "# machine and which came from elsewhere; raw data and fit residuals sit beside this file.\n")
+    header = (
+        "# Written by `offsim calibrate`. provenance.notes says which fields were measured on this\n"
+        "# machine and which came from elsewhere; raw data and fit residuals sit beside this file.\n"
+    )
     body = yaml.dump(_plain(data), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=110)
     path.write_text(header + body)
     return path

@@ -46,8 +46,14 @@ class RealShape:
     def from_workload(cls, workload: Any, layers: int | None = None) -> RealShape:
         """Take the shape of an offsim ``Workload`` (optionally fewer layers)."""
         m, t = workload.model, workload.training
-        return cls(layers=layers or m.layers, hidden=m.hidden, heads=m.heads, ffn_hidden=m.ffn_hidden,
-                   seq_len=t.seq_len, micro_batch=t.micro_batch)
+        return cls(
+            layers=layers or m.layers,
+            hidden=m.hidden,
+            heads=m.heads,
+            ffn_hidden=m.ffn_hidden,
+            seq_len=t.seq_len,
+            micro_batch=t.micro_batch,
+        )
 
 
 def build_blocks(shape: RealShape, seed: int = 0) -> list[Any]:
@@ -93,7 +99,7 @@ class _Layer:
         self.gbuf = torch.empty(n, dtype=dtype, device=device)
         off = 0
         for p, size, shp in zip(self.params, self.sizes, self.shapes, strict=True):
-            p.data = self.gbuf[off:off + size].view(shp)
+            p.data = self.gbuf[off : off + size].view(shp)
             off += size
         self.nbytes = self.gbuf.untyped_storage().nbytes()
         self.gbuf.untyped_storage().resize_(0)
@@ -113,8 +119,15 @@ class OffloadedTrainer:
         keep_last: keep the last layer's parameters from forward into backward.
     """
 
-    def __init__(self, shape: RealShape, device: str = "cuda", dtype: str | None = None, seed: int = 0,
-                 keep_last: bool = True, adamw: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        shape: RealShape,
+        device: str = "cuda",
+        dtype: str | None = None,
+        seed: int = 0,
+        keep_last: bool = True,
+        adamw: dict[str, Any] | None = None,
+    ) -> None:
         import torch
 
         self.torch = torch
@@ -127,14 +140,16 @@ class OffloadedTrainer:
         self.dtype_name = dname
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dname]
         self.keep_last = keep_last
-        self.layers = [_Layer(torch, b, self.device, self.dtype, self.cuda) for b in build_blocks(shape, seed)]
+        self.layers = [
+            _Layer(torch, b, self.device, self.dtype, self.cuda) for b in build_blocks(shape, seed)
+        ]
         hp = dict(ADAMW, **(adamw or {}))
-        self.optimizer = torch.optim.AdamW([L.master for L in self.layers], foreach=True, **hp)
-        for L in self.layers:  # optimizer state in pinned host memory, created up front
-            self.optimizer.state[L.master] = {
+        self.optimizer = torch.optim.AdamW([layer.master for layer in self.layers], foreach=True, **hp)
+        for layer in self.layers:  # optimizer state in pinned host memory, created up front
+            self.optimizer.state[layer.master] = {
                 "step": torch.tensor(0.0, dtype=torch.float32),
-                "exp_avg": torch.zeros(L.numel, dtype=torch.float32, pin_memory=self.cuda),
-                "exp_avg_sq": torch.zeros(L.numel, dtype=torch.float32, pin_memory=self.cuda),
+                "exp_avg": torch.zeros(layer.numel, dtype=torch.float32, pin_memory=self.cuda),
+                "exp_avg_sq": torch.zeros(layer.numel, dtype=torch.float32, pin_memory=self.cuda),
             }
         if self.cuda:
             self.compute = torch.cuda.current_stream(self.device)
@@ -145,56 +160,56 @@ class OffloadedTrainer:
     @property
     def params(self) -> int:
         """Parameters of the model."""
-        return sum(L.numel for L in self.layers)
+        return sum(layer.numel for layer in self.layers)
 
     # -- parameter movement -------------------------------------------------------------------
     def _fetch(self, i: int) -> None:
         """Allocate layer ``i``'s GPU buffer and start copying its parameters in."""
-        L = self.layers[i]
-        if L.resident:
+        layer = self.layers[i]
+        if layer.resident:
             return
         torch = self.torch
-        L.gbuf.untyped_storage().resize_(L.nbytes)  # allocated in the compute stream's order
+        layer.gbuf.untyped_storage().resize_(layer.nbytes)  # allocated in the compute stream's order
         if self.cuda:
             allocated = torch.cuda.Event()
             allocated.record(self.compute)
             self.h2d.wait_event(allocated)  # the memory may have been in use by earlier kernels
             with torch.cuda.stream(self.h2d):
-                L.gbuf.copy_(L.host16, non_blocking=True)
-                L.ready = torch.cuda.Event()
-                L.ready.record(self.h2d)
+                layer.gbuf.copy_(layer.host16, non_blocking=True)
+                layer.ready = torch.cuda.Event()
+                layer.ready.record(self.h2d)
         else:
-            L.gbuf.copy_(L.host16)
-        L.resident = True
+            layer.gbuf.copy_(layer.host16)
+        layer.resident = True
 
     def _wait(self, i: int) -> None:
-        L = self.layers[i]
-        if self.cuda and L.ready is not None:
-            self.compute.wait_event(L.ready)
+        layer = self.layers[i]
+        if self.cuda and layer.ready is not None:
+            self.compute.wait_event(layer.ready)
 
     def _release(self, i: int) -> None:
-        L = self.layers[i]
-        L.gbuf.untyped_storage().resize_(0)
-        L.resident = False
-        L.ready = None
+        layer = self.layers[i]
+        layer.gbuf.untyped_storage().resize_(0)
+        layer.resident = False
+        layer.ready = None
 
     def _offload_grads(self, i: int) -> None:
-        L = self.layers[i]
+        layer = self.layers[i]
         torch = self.torch
-        grads = [p.grad for p in L.params]
+        grads = [p.grad for p in layer.params]
         if self.cuda:
             done = torch.cuda.Event()
             done.record(self.compute)
             self.d2h.wait_event(done)
             with torch.cuda.stream(self.d2h):
                 off = 0
-                for g, size in zip(grads, L.sizes, strict=True):
-                    L.grad16[off:off + size].copy_(g.reshape(-1), non_blocking=True)
+                for g, size in zip(grads, layer.sizes, strict=True):
+                    layer.grad16[off : off + size].copy_(g.reshape(-1), non_blocking=True)
                     g.record_stream(self.d2h)  # keep the memory until the copy is done
                     off += size
         else:
-            torch.cat([g.reshape(-1) for g in grads], out=L.grad16)
-        for p in L.params:
+            torch.cat([g.reshape(-1) for g in grads], out=layer.grad16)
+        for p in layer.params:
             p.grad = None
 
     # -- phases ---------------------------------------------------------------------------------
@@ -234,11 +249,11 @@ class OffloadedTrainer:
 
     def optimizer_step(self) -> None:
         """CPU AdamW over the fp32 masters; the result is cast into the 16-bit host copy."""
-        for L in self.layers:
-            L.master.grad.copy_(L.grad16)
+        for layer in self.layers:
+            layer.master.grad.copy_(layer.grad16)
         self.optimizer.step()
-        for L in self.layers:
-            L.host16.copy_(L.master.detach())
+        for layer in self.layers:
+            layer.host16.copy_(layer.master.detach())
 
     def _sync(self) -> None:
         if self.cuda:
@@ -255,12 +270,17 @@ class OffloadedTrainer:
         t2 = time.perf_counter()
         self.optimizer_step()
         t3 = time.perf_counter()
-        return {"forward_s": t1 - t0, "backward_s": t2 - t1, "optimizer_s": t3 - t2, "iteration_s": t3 - t0,
-                "loss": float(loss.detach())}
+        return {
+            "forward_s": t1 - t0,
+            "backward_s": t2 - t1,
+            "optimizer_s": t3 - t2,
+            "iteration_s": t3 - t0,
+            "loss": float(loss.detach()),
+        }
 
     def master_params(self) -> list[Any]:
         """The fp32 master weights, one flat tensor per layer (parameter order of the block)."""
-        return [L.master.detach() for L in self.layers]
+        return [layer.master.detach() for layer in self.layers]
 
 
 def run_real_training(
@@ -291,9 +311,18 @@ def run_real_training(
         if i >= warmup:
             for k, v in res.items():
                 out[k].append(v)
-    out.update({
-        "device": str(trainer.device), "dtype": trainer.dtype_name, "params": trainer.params,
-        "shape": asdict(shape), "pinned": trainer.cuda, "prefetch_depth": 1, "keep_last_layer": keep_last,
-        "iterations": iterations, "warmup": warmup, "torch": torch.__version__,
-    })
+    out.update(
+        {
+            "device": str(trainer.device),
+            "dtype": trainer.dtype_name,
+            "params": trainer.params,
+            "shape": asdict(shape),
+            "pinned": trainer.cuda,
+            "prefetch_depth": 1,
+            "keep_last_layer": keep_last,
+            "iterations": iterations,
+            "warmup": warmup,
+            "torch": torch.__version__,
+        }
+    )
     return out

@@ -1,0 +1,119 @@
+"""Published offloading systems: each preset against its baseline on a profile like the paper's
+testbed, asserting the direction and a generous range of the headline claim (citation beside
+each). Claims offsim does not reproduce are expected failures with the reason; nothing is tuned
+to pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from offsim import load_workload, make_run_config, simulate
+from offsim.metrics import RunMetrics
+
+
+def run(hardware: str, workload, strategy: str) -> RunMetrics:
+    m = simulate(make_run_config(hardware, workload, strategy)).metrics
+    assert m.feasible, m.infeasible_reason
+    return m
+
+
+def variant(name: str, **training) -> object:
+    wl = load_workload(name)
+    return wl.model_copy(update={"training": wl.training.model_copy(update=training)})
+
+
+def test_zero_offload_dpu_hides_the_cpu_step() -> None:
+    """ZeRO-Offload (arXiv 2101.06840) Sec. 4.3: DPU overlaps the CPU step of iteration i with
+    forward/backward of i+1, so the step time becomes max(fwd+bwd, CPU step) instead of the sum."""
+    base = run("rtx4090-pcie4-ws", "llama2-7b", "zero-offload")
+    dpu = run("rtx4090-pcie4-ws", "llama2-7b", "zero-offload-dpu")
+    speedup = base.iteration_time_s / dpu.iteration_time_s
+    assert 1.05 <= speedup <= 2.0
+    assert dpu.iteration_time_s >= dpu.phases_s.forward + dpu.phases_s.backward
+
+
+def test_zero_offload_moves_4m_bytes_per_step() -> None:
+    """ZeRO-Offload Sec. 6.2.2: 2M bytes of fp16 gradients down and 2M of fp16 params up."""
+    m = run("dgx2-v100", variant("zero-offload-10b", grad_accumulation=1), "zero-offload")
+    params = load_workload("zero-offload-10b").model.total_params
+    assert m.traffic_bytes.d2h == pytest.approx(2 * params)
+    assert m.traffic_bytes.h2d == pytest.approx(2 * params)
+
+
+def test_zero_infinity_bandwidth_centric_partitioning() -> None:
+    """ZeRO-Infinity (arXiv 2104.07857) Sec. 6.1: with dp ranks each GPU fetches only its 1/dp
+    slice over its own PCIe link and the slices are all-gathered over NVLink/NVSwitch."""
+    one = run("dgx2-v100", variant("llama2-7b", data_parallel=1), "zero-infinity-cpu")
+    sixteen = run("dgx2-v100", variant("llama2-7b", data_parallel=16), "zero-infinity-cpu")
+    assert sixteen.traffic_bytes.h2d == pytest.approx(one.traffic_bytes.h2d / 16, rel=1e-6)
+    assert sixteen.traffic_bytes.gpu_link > 0
+
+
+def test_lsp_offload_cuts_iteration_time_vs_zero_offload() -> None:
+    """LSP-Offload (arXiv 2406.10181) Fig. 6a text: per-iteration latency 50% lower than
+    ZeRO-Offload (RTX 4090 workstation, 7B). Generous range: 25% to 75% lower."""
+    zo = run("rtx4090-pcie4-ws", "llama2-7b", "zero-offload")
+    lsp = run("rtx4090-pcie4-ws", "llama2-7b", "lsp-offload")
+    reduction = 1 - lsp.iteration_time_s / zo.iteration_time_s
+    assert 0.25 <= reduction <= 0.75
+    assert lsp.traffic_bytes.d2h < zo.traffic_bytes.d2h
+
+
+def test_memascend_lowers_peak_pinned_host_memory() -> None:
+    """MemAscend (arXiv 2505.23254): exact-size pinned buffers instead of power-of-two rounding
+    lower peak system memory, with the same data movement (direction)."""
+    ds = run("rtx4090-pcie4-ws", "llama2-13b", "zero-infinity-nvme")
+    ma = run("rtx4090-pcie4-ws", "llama2-13b", "memascend")
+    assert ma.peak_bytes.host_pinned < ds.peak_bytes.host_pinned
+    assert ma.peak_bytes.host < ds.peak_bytes.host
+    assert ma.traffic_bytes == ds.traffic_bytes
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "MemAscend reports 55.7% lower peak system memory on average; offsim models only the "
+    "allocator's power-of-two rounding (about 14% here), not fragmentation, staging spikes or "
+    "file-system overhead"))
+def test_memascend_headline_reduction() -> None:
+    ds = run("rtx4090-pcie4-ws", "llama2-13b", "zero-infinity-nvme")
+    ma = run("rtx4090-pcie4-ws", "llama2-13b", "memascend")
+    assert 0.35 <= 1 - ma.peak_bytes.host / ds.peak_bytes.host <= 0.75
+
+
+def test_superoffload_overlaps_the_cpu_step_on_gh200() -> None:
+    """SuperOffload (DeepSpeed blog): on GH200 the CPU step runs during backward, so the
+    iteration is shorter than ZeRO-Offload's (direction)."""
+    zo = run("gh200-superchip", "llama2-13b", "zero-offload")
+    so = run("gh200-superchip", "llama2-13b", "superoffload")
+    assert so.iteration_time_s < zo.iteration_time_s
+
+
+def test_tba_moves_activations_to_nvme_and_lowers_gpu_memory() -> None:
+    """TBA / SSDTrain (arXiv 2408.10013): activations go to NVMe, lowering GPU memory (direction)."""
+    wl = variant("llama2-7b", activation_checkpointing=False)
+    keep = run("h200-sxm-node", wl, "gpu-only")
+    tba = run("h200-sxm-node", wl, "tba-ssdtrain")
+    assert tba.peak_bytes.gpu < keep.peak_bytes.gpu
+    assert tba.traffic_bytes.nvme_write > 0 and tba.traffic_bytes.nvme_read == pytest.approx(tba.traffic_bytes.nvme_write)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "TBA claims negligible overhead; on the h200-sxm-node profile a Llama-2 7B block computes in "
+    "~2.4 ms while its ~0.56 GB of activations take ~21 ms to write at 26 GB/s, so offsim predicts "
+    "a several-fold slowdown. TBA's testbed (GPU, SSD count, model width) was not read"))
+def test_tba_overhead_is_negligible() -> None:
+    wl = variant("llama2-7b", activation_checkpointing=False)
+    keep = run("h200-sxm-node", wl, "gpu-only")
+    tba = run("h200-sxm-node", wl, "tba-ssdtrain")
+    assert tba.iteration_time_s <= 1.2 * keep.iteration_time_s
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Fuyou reports 156 vs 45 TFLOPS over ZeRO-Infinity for GPT-3 13B on an RTX 4090; on the "
+    "fuyou-4090-testbed profile (SSD array assumed: 4 drives, 10/5 GB/s) offsim's NVMe traffic "
+    "bounds both systems near each other. The paper's SSD count and batch size were not read"))
+def test_fuyou_beats_zero_infinity_on_a_4090() -> None:
+    wl = variant("gpt3-13b", micro_batch=8, flash_attention=True)
+    zi = run("fuyou-4090-testbed", wl, "zero-infinity-nvme")
+    fy = run("fuyou-4090-testbed", wl, "fuyou")
+    assert 2.0 <= fy.tflops_per_gpu / zi.tflops_per_gpu <= 6.0
