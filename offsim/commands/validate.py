@@ -22,9 +22,21 @@ def validate(
     cases: Annotated[Path | None, typer.Option(help="cases YAML (default: the shipped validation/cases.yaml)")] = None,
     csv: Annotated[Path | None, typer.Option(help="write the table as CSV here")] = None,
     strict: Annotated[bool, typer.Option(help="exit 1 when a validation case misses its tolerance")] = False,
+    real: Annotated[bool, typer.Option("--real", help="run the real offloaded trainer and compare")] = False,
+    hardware: Annotated[str, typer.Option("--hardware", "-H", help="(--real) the calibrated profile")] = "tiny",
+    workload: Annotated[str, typer.Option("--workload", "-w", help="(--real) block shape to train")] = "tiny",
+    layers: Annotated[int, typer.Option(help="(--real) blocks in the real model")] = 4,
+    device: Annotated[str, typer.Option(help="(--real) torch device: cuda, or cpu to check the mechanics")] = "cuda",
+    iterations: Annotated[int, typer.Option(help="(--real) timed iterations")] = 5,
+    out: Annotated[Path | None, typer.Option(help="(--real) write the report JSON here")] = None,
 ) -> None:
-    """Simulate each published case and print predicted vs measured with the error."""
+    """Simulate each published case and print predicted vs measured with the error; with --real,
+    train for real (PyTorch) and compare per phase with the simulation of the same setup."""
     import pandas as pd
+
+    if real:
+        _validate_real(hardware, workload, layers, device, iterations, out)
+        return
 
     from offsim.cli import fail
     from offsim.errors import OffsimError
@@ -51,6 +63,50 @@ def validate(
         pd.DataFrame(rows).to_csv(csv, index=False)
     if strict and misses:
         raise typer.Exit(1)
+
+
+def _validate_real(hardware: str, workload: str, layers: int, device: str, iterations: int,
+                   out: Path | None) -> None:
+    import json
+
+    from offsim.calibrate.real_trainer import RealShape, run_real_training
+    from offsim.cli import fail
+    from offsim.config.loading import load_profile, load_workload
+    from offsim.errors import OffsimError
+    from offsim.real_validation import TARGET_ERROR, compare, simulate_twin
+
+    try:
+        import torch  # noqa: F401 - optional dependency, needed only here
+    except ImportError:
+        fail("--real needs PyTorch (pip install 'offsim[calibrate]')")
+        return
+    try:
+        profile, wl = load_profile(hardware), load_workload(workload)
+        predicted = simulate_twin(profile, wl, layers)
+    except OffsimError as exc:
+        fail(str(exc))
+        return
+    if not predicted.feasible:
+        fail(f"the simulated twin does not fit: {predicted.metrics.infeasible_reason}")
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        fail("no CUDA device: run on a GPU machine, or pass --device cpu to check the mechanics only")
+    measured = run_real_training(RealShape.from_workload(wl, layers=layers), device=device, iterations=iterations)
+    rows = compare(measured, predicted)
+    t = Table(title=f"real vs simulated: {layers} blocks of {wl.name} on {device}, profile {profile.name}")
+    for col in ("phase", "measured s", "predicted s", "error"):
+        t.add_column(col)
+    for r in rows:
+        err = "-" if r["error"] is None else f"{100 * r['error']:+.1f}%"
+        t.add_row(r["what"], f"{r['measured_s']:.4g}", f"{r['predicted_s']:.4g}", err)
+    console.print(t)
+    it = rows[-1]["error"]
+    verdict = "within" if it is not None and abs(it) <= TARGET_ERROR else "outside"
+    console.print(f"iteration time {verdict} the {TARGET_ERROR:.0%} target")
+    if out is not None:
+        out.write_text(json.dumps({"hardware": profile.name, "workload": wl.name, "layers": layers,
+                                   "device": device, "rows": rows, "measured": measured}, indent=2, default=str))
 
 
 def register(app: typer.Typer) -> None:
