@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from offsim.cache_stats import CacheStats
 from offsim.config.run import RunConfig
 from offsim.plan.model import model_flop_per_iteration
 from offsim.trace import Recorder
@@ -60,6 +61,7 @@ class RunMetrics(BaseModel):
     peak_bytes: PeakBytes = PeakBytes()
     traffic_bytes: Traffic = Traffic()
     iteration_times_s: list[float] = []
+    cache: dict[str, CacheStats] = Field(default={}, description="per-cache statistics (offsim.cache_stats)")
 
 
 def steady_iterations(cfg: RunConfig, rec: Recorder) -> tuple[list[int], list[float]]:

@@ -49,6 +49,29 @@ class LevelSample:
     bytes: float
 
 
+@dataclass(frozen=True, slots=True)
+class CacheEvent:
+    """One event of a policy-managed cache (``gpu_params``, ``dram_optimizer``).
+
+    Attributes:
+        iteration: optimizer step it belongs to.
+        cache: the cache.
+        kind: ``hit``, ``miss`` (fetched), ``evict`` (dropped for room), ``release`` (dropped
+            after use), ``writeback`` (a dirty victim written to the tier below), ``stall``
+            (the consumer waited for this cache's data).
+        tensor: layer or sub-group index (-1 for a stall).
+        bytes: the tensor's bytes (hit, miss, evict, release, writeback).
+        seconds: the wait (stall).
+    """
+
+    iteration: int
+    cache: str
+    kind: str
+    tensor: int
+    bytes: float = 0.0
+    seconds: float = 0.0
+
+
 @dataclass
 class Recorder:
     """Collects spans, level samples and iteration boundaries."""
@@ -58,6 +81,12 @@ class Recorder:
     iteration_starts_s: list[float] = field(default_factory=list)
     phases: list[tuple[int, str, float, float]] = field(default_factory=list)
     end_s: float = 0.0
+    cache_events: list[CacheEvent] = field(default_factory=list)
+    cache_info: dict[str, dict] = field(default_factory=dict)
+
+    def cache(self, event: CacheEvent) -> None:
+        """Record one cache event."""
+        self.cache_events.append(event)
 
     def phase(self, iteration: int, name: str, start_s: float, end_s: float) -> None:
         """Record that the main process spent ``[start_s, end_s]`` of ``iteration`` in phase ``name``."""

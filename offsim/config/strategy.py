@@ -15,8 +15,8 @@ from pydantic import Field, model_validator
 
 from offsim.config.base import Frozen, Provenance
 from offsim.policies import ActivationConfig, EvictionConfig, OrderConfig, PrefetchConfig
-from offsim.policies.lru import LruConfig
 from offsim.policies.lookahead import LookaheadConfig
+from offsim.policies.lru import LruConfig
 from offsim.policies.placement import PlacementConfig
 from offsim.policies.reuse_distance import ReuseDistanceConfig
 from offsim.policies.same_order import SameOrderConfig

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+from offsim.cache_stats import cache_stats
 from offsim.config.run import RunConfig
 from offsim.engine.simulate import run_engine
 from offsim.errors import InfeasibleError
-from offsim.metrics import RunMetrics, summarize
+from offsim.metrics import RunMetrics, steady_iterations, summarize
 from offsim.plan.footprint import check_fit, footprint, state_sizes
 from offsim.results import RunResult
 
@@ -26,4 +27,5 @@ def simulate(cfg: RunConfig) -> RunResult:
         metrics = RunMetrics(feasible=False, infeasible_reason=str(exc), infeasible_tier=exc.tier)
         return RunResult(cfg, metrics, footprint_bytes=fp_dict, wall_time_s=time.perf_counter() - t0)
     metrics = summarize(cfg, rec, ledger.peak)
+    metrics = metrics.model_copy(update={"cache": cache_stats(rec, steady_iterations(cfg, rec)[0])})
     return RunResult(cfg, metrics, rec, fp_dict, events, time.perf_counter() - t0)

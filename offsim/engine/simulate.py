@@ -23,6 +23,8 @@ from offsim.config.run import RunConfig
 from offsim.engine.fetcher import ParamFetcher, build_ops
 from offsim.engine.flows import Flow, FlowNetwork
 from offsim.engine.ledger import MemoryLedger
+from offsim.engine.optimizer_cache import OptimizerCache
+from offsim.engine.policy_hooks import PolicyHooks
 from offsim.engine.transfers import Transfers, duplex_rule, resource_capacities
 from offsim.plan.footprint import StateSizes, capacities, grad_buffer_bytes, params_streamed, round_pinned
 from offsim.plan.model import Layer
@@ -73,6 +75,10 @@ class Engine:
         self.act_offload: dict[int, simpy.Process] = {}
         self.prev_step: simpy.Process | None = None
         self.fetcher: ParamFetcher | None = None
+        self.hooks = PolicyHooks(cfg, sz, recorder)
+        self.opt_cache = None
+        if self.hooks.dram_bytes > 0:
+            self.opt_cache = OptimizerCache(self.hooks, self.io, self.ledger, self._subgroups())
 
     # ---------------------------------------------------------------- helpers
     def _nvme_write_rate(self) -> float:
@@ -151,11 +157,22 @@ class Engine:
         self.ledger.free("gpu", self.layers[index].params * self.bpp_param)
 
     # ---------------------------------------------------------------- activations
+    def _recomputes(self, layer: Layer) -> bool:
+        d = self.hooks.activation(layer.index)
+        return (self.ckpt and layer.is_block) if d is None else d.recompute
+
+    def _act_tier(self, layer: Layer) -> str:
+        d = self.hooks.activation(layer.index)
+        return self.st.placement.activations if d is None else d.tier
+
     def _kept_bytes(self, layer: Layer) -> float:
-        return layer.kept_bytes(self.ckpt)
+        return layer.kept_bytes(self._recomputes(layer))
 
     def _offloads_activation(self, layer: Layer) -> bool:
         """Offload unless backward needs it within the prefetch window (the last layers)."""
+        d = self.hooks.activation(layer.index)
+        if d is not None:
+            return d.tier != "gpu"
         if self.st.placement.activations == "gpu":
             return False
         return len(self.layers) - 1 - layer.index > self.st.prefetch_depth
@@ -166,7 +183,7 @@ class Engine:
         self.ledger.alloc(host, nbytes, f"{layer.name} offloaded activations")
         yield from self._on_stream("act_d2h", self.io.d2h(nbytes, pinned=self.st.pin_memory, **meta))
         self.ledger.free("gpu", nbytes)
-        if self.st.placement.activations == "nvme":
+        if self._act_tier(layer) == "nvme":
             self.ledger.alloc("nvme", nbytes, f"{layer.name} activations on nvme")
             yield from self._on_stream("act_nvme", self.io.nvme_write(nbytes, **meta))
             self.ledger.free(host, nbytes)
@@ -176,7 +193,7 @@ class Engine:
         nbytes = self._kept_bytes(layer)
         self.ledger.alloc("gpu", nbytes, f"{layer.name} activations back")
         host = "host_pinned" if self.st.pin_memory else "host_pageable"
-        if self.st.placement.activations == "nvme":
+        if self._act_tier(layer) == "nvme":
             self.ledger.alloc(host, nbytes, f"{layer.name} activations staging")
             yield from self._on_stream("act_nvme", self.io.nvme_read(nbytes, **meta))
             self.ledger.free("nvme", nbytes)
@@ -214,8 +231,8 @@ class Engine:
         if ready is not None:
             yield from self._wait(ready, layer, "params")
         kept = self._kept_bytes(layer)
-        recompute = self.ckpt and layer.is_block
-        work = layer.backward_work_bytes(self.ckpt)
+        recompute = self._recomputes(layer)
+        work = layer.backward_work_bytes(recompute)
         self.ledger.alloc("gpu", work, f"{layer.name} backward working memory")
         if recompute:
             yield from self._compute(layer.fwd_s, "recompute", layer)
@@ -347,13 +364,17 @@ class Engine:
 
     def _cpu_step(self, iteration: int) -> Generator:
         groups = self._subgroups()
+        order = self.hooks.group_order(iteration, len(groups))
         pipeline = self.st.optimizer_swap_pipeline
         writes: list[simpy.Process] = []
-        reading = self.env.process(self._read_group(iteration, 0, groups[0]))
-        for g, params in enumerate(groups):
+        reading = self.env.process(self._read_group(iteration, order[0], groups[order[0]]))
+        for k, g in enumerate(order):
+            params = groups[g]
+            waited_from = self.env.now
             yield reading
-            if pipeline and g + 1 < len(groups):
-                reading = self.env.process(self._read_group(iteration, g + 1, groups[g + 1]))
+            self.hooks.optimizer_stall(iteration, self.env.now - waited_from)
+            if pipeline and k + 1 < len(order):
+                reading = self.env.process(self._read_group(iteration, order[k + 1], groups[order[k + 1]]))
             meta = self._span_meta(iteration, "optimizer", f"CPU Adam sub-group {g}")
             yield from self.io.cpu_optimizer(params, self._optimizer_dram_bytes_per_param(), **meta)
             write = self.env.process(self._write_group(iteration, g, params))
@@ -361,8 +382,8 @@ class Engine:
                 writes.append(write)
             else:
                 yield write
-                if g + 1 < len(groups):
-                    reading = self.env.process(self._read_group(iteration, g + 1, groups[g + 1]))
+                if k + 1 < len(order):
+                    reading = self.env.process(self._read_group(iteration, order[k + 1], groups[order[k + 1]]))
         yield simpy.AllOf(self.env, writes)
 
     def _group_state_bytes(self, params: float) -> tuple[float, float]:
@@ -379,6 +400,10 @@ class Engine:
         nbytes, staged = self._group_state_bytes(params)
         if nbytes <= 0:
             return
+        if self.opt_cache is not None:
+            yield from self.opt_cache.read(iteration, g, params)
+            return
+        self.hooks.uncached_group(iteration, g, params)
         self.ledger.alloc("host_pinned", round_pinned(staged, self.st.host_allocator), f"sub-group {g} swap buffer")
         meta = self._span_meta(iteration, "optimizer_swap_in", f"sub-group {g} state in")
         yield from self.io.nvme_read(nbytes, **meta)
@@ -386,6 +411,10 @@ class Engine:
     def _write_group(self, iteration: int, g: int, params: float) -> Generator:
         pl, sz = self.st.placement, self.sz
         nbytes, staged = self._group_state_bytes(params)
+        if self.opt_cache is not None:
+            yield from self.opt_cache.write(iteration, g, params)
+            yield from self._params_home(iteration, g, params)
+            return
         if pl.optimizer_states == "nvme":
             meta = self._span_meta(iteration, "optimizer_swap_out", f"sub-group {g} state out")
             yield from self.io.nvme_write(params * sz.optimizer_bytes_per_param, **meta)
@@ -453,9 +482,8 @@ class Engine:
             self.cur.iteration = it
             self.rec.iteration_starts_s.append(self.env.now)
             if self.streamed:
-                self.fetcher = ParamFetcher(self.env, ops, self.st.prefetch_depth, self.st.reuse_distance_params,
-                                            [lay.params for lay in self.layers],
-                                            self._start_fetch, self._release_params)
+                self.fetcher = self.hooks.param_fetcher(self.env, ops, it, self._start_fetch,
+                                                        self._release_params, self.ledger)
             for mb in range(self.cfg.workload.training.grad_accumulation):
                 yield from self._micro_batch(ops, mb)
             if self.fetcher is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
 from offsim.errors import InfeasibleError
+from offsim.plan import policy_plan
 from offsim.plan.model import Layer, build_layers
 
 TIERS = ("gpu", "host_pinned", "host", "nvme")
@@ -156,7 +157,13 @@ def _gpu_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]
     byte_per_param = sz.param_bytes / sz.params_total
     biggest = max(layer.params for layer in layers) * byte_per_param
     if params_streamed(cfg):
-        _add(bd, "gpu", "gathered params window", gpu_param_window_layers(cfg, sz) * biggest)
+        window = policy_plan.param_window_bytes(cfg, sz, gpu_param_window_layers(cfg, sz) * biggest)
+        _add(bd, "gpu", "gathered params window", window)
+    if policy_plan.custom_activations(cfg):
+        _policy_activations(cfg, sz, bd)
+        if st.placement.grads != "gpu":
+            _add(bd, "gpu", "gradient buffers before offload", 2 * grad_buffer_bytes(cfg, sz))
+        return
     ckpt = cfg.activation_checkpointing
     kept = [lay.kept_bytes(ckpt) for lay in layers]
     if st.placement.activations == "gpu":
@@ -169,14 +176,35 @@ def _gpu_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]
         _add(bd, "gpu", "gradient buffers before offload", 2 * grad_buffer_bytes(cfg, sz))
 
 
+def _policy_activations(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
+    """Activation memory per tier from the activation policy's per-layer decisions."""
+    decisions = policy_plan.activation_decisions(cfg, sz)
+    kept = {d.layer: sz.layers[d.layer].kept_bytes(d.recompute) for d in decisions}
+    on = {tier: [d.layer for d in decisions if d.tier == tier] for tier in ("gpu", "cpu", "nvme")}
+    _add(bd, "gpu", "activations kept for backward", sum(kept[i] for i in on["gpu"]))
+    moved = on["cpu"] + on["nvme"]
+    if moved:
+        depth = cfg.strategy.prefetch_depth
+        _add(bd, "gpu", "activations in flight", (depth + 2) * max(kept[i] for i in moved))
+    host = "host_pinned" if cfg.strategy.pin_memory else "host"
+    _add(bd, host, "offloaded activations", sum(kept[i] for i in on["cpu"]))
+    _add(bd, "nvme", "offloaded activations", sum(kept[i] for i in on["nvme"]))
+    work = max(sz.layers[d.layer].backward_work_bytes(d.recompute) for d in decisions)
+    _add(bd, "gpu", "backward working memory (recompute, activation gradients)", work)
+
+
 def _host_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
     st = cfg.strategy
     if st.uses_nvme():
         n = st.pinned_buffer_count
         _add(bd, "host_pinned", "pinned staging buffers", n * round_pinned(st.pinned_buffer_bytes, st.host_allocator))
+    cache = policy_plan.dram_cache_bytes(cfg, sz)
+    _add(bd, "host_pinned" if st.pin_memory else "host", "DRAM cache of optimizer state", cache)
     ckpt = cfg.activation_checkpointing
     kept = sum(lay.kept_bytes(ckpt) for lay in sz.layers)
-    if st.placement.activations == "cpu":
+    if policy_plan.custom_activations(cfg):
+        pass  # added by _policy_activations
+    elif st.placement.activations == "cpu":
         _add(bd, "host_pinned" if st.pin_memory else "host", "offloaded activations", kept)
     elif st.placement.activations == "nvme":
         _add(bd, "nvme", "offloaded activations", kept)

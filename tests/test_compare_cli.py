@@ -1,0 +1,114 @@
+"""``offsim compare`` and ``offsim rok`` through the CLI (typer's CliRunner), on `tiny`."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from offsim.cli import app
+from offsim.compare import apply_policies, rok_points
+from offsim.config.loading import load_strategy
+from offsim.errors import ConfigError
+
+runner = CliRunner()
+
+
+def _invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_help() -> None:
+    for cmd in ("compare", "rok"):
+        result = _invoke(cmd, "--help")
+        assert result.exit_code == 0
+        assert "--hardware" in result.output
+
+
+def test_compare_writes_table_csv_and_chart(tmp_path) -> None:
+    csv, html = tmp_path / "c.csv", tmp_path / "c.html"
+    result = _invoke("compare", "-H", "tiny", "-w", "tiny", "-s", "zero-infinity-nvme",
+                     "--policies", "lru,belady,opt,keep-last-2,lru+alternating", "--dram-cache-gib", "0.4",
+                     "--csv", str(csv), "--html", str(html))
+    assert result.exit_code == 0, result.output
+    assert "keep-last-2" in result.output and "regret" in result.output
+    table = pd.read_csv(csv)
+    assert list(table["variant"]) == ["lru", "belady", "opt", "keep-last-2", "lru+alternating"]
+    assert table["feasible"].all()
+    for col in ("iteration_time_s", "stall_s", "h2d_bytes", "nvme_read_bytes", "hit_rate_gpu_params",
+                "hit_rate_dram_optimizer", "peak_gpu_bytes", "peak_host_bytes", "regret_bytes",
+                "regret_stall_s"):
+        assert col in table
+    opt = table.set_index("variant").loc["opt"]
+    assert opt["regret_bytes"] == 0 and opt["regret_stall_s"] == 0
+    assert (table["regret_bytes"] >= 0).all()
+    text = html.read_text()
+    assert "plotly" in text.lower() and "regret vs OPT" in text
+
+
+def test_compare_strategies_as_they_are(tmp_path) -> None:
+    result = _invoke("compare", "-H", "tiny", "-w", "tiny", "--strategies", "zero-offload,zero-infinity-cpu",
+                     "--csv", str(tmp_path / "s.csv"), "--html", str(tmp_path / "s.html"))
+    assert result.exit_code == 0, result.output
+    assert list(pd.read_csv(tmp_path / "s.csv")["variant"]) == ["zero-offload", "zero-infinity-cpu"]
+
+
+def test_a_variant_with_an_illegal_decision_gets_a_row(tmp_path) -> None:
+    """Keeping the first 5 of tiny's 6 layers in a 0.1 GiB budget cannot work: that variant's
+    row carries the policy error (policy name and op); the other variant still runs."""
+    csv = tmp_path / "e.csv"
+    result = _invoke("compare", "-H", "tiny", "-w", "tiny", "-s", "zero-infinity-cpu", "--policies",
+                     "lru,keep-first-5", "--param-buffer-gib", "0.1", "--csv", str(csv), "--html",
+                     str(tmp_path / "e.html"))
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(csv).set_index("variant")
+    assert table.loc["lru", "feasible"] and not table.loc["keep-first-5", "feasible"]
+    reason = table.loc["keep-first-5", "infeasible_reason"]
+    for part in ("static(first=5)", "at op 4 (forward block3", "evicts too little"):
+        assert part in reason
+
+
+def test_unknown_policy_name_lists_the_valid_ones(tmp_path) -> None:
+    result = _invoke("compare", "-H", "tiny", "-w", "tiny", "--policies", "lru,bogus",
+                     "--csv", str(tmp_path / "x.csv"), "--html", str(tmp_path / "x.html"))
+    assert result.exit_code == 2
+    assert "unknown policy name 'bogus'" in result.output
+    assert "belady" in result.output and "keep-last-K" in result.output
+
+
+def test_unknown_kind_in_a_strategy_file(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nname: bad\nprovenance: {kind: synthetic, source: test, date: '2026'}\n"
+                   "policies: {eviction: {kind: lruu}}\n")
+    result = _invoke("compare", "-H", "tiny", "-w", "tiny", "-s", str(bad), "--policies", "lru",
+                     "--csv", str(tmp_path / "x.csv"), "--html", str(tmp_path / "x.html"))
+    assert result.exit_code == 2
+    assert "policies.eviction" in result.output and "'belady'" in result.output
+
+
+def test_rok_curve(tmp_path) -> None:
+    csv, html = tmp_path / "r.csv", tmp_path / "r.html"
+    result = _invoke("rok", "-H", "tiny", "-w", "tiny", "--points", "3",
+                     "--csv", str(csv), "--html", str(html))
+    assert result.exit_code == 0, result.output
+    curve = pd.read_csv(csv)
+    assert list(curve["placement"].unique()) == ["recompute", "offload-cpu", "offload-nvme"]
+    assert list(curve["blocks"][:3]) == [0, 2, 4]  # tiny has 4 blocks
+    assert (curve[curve["blocks"] == 0]["memory_saved_bytes"] == 0).all()
+    recompute = curve[curve["placement"] == "recompute"]
+    assert recompute["memory_saved_bytes"].is_monotonic_increasing
+    assert recompute["time_cost_s"].iloc[-1] > 0  # recomputing 4 blocks costs their forward again
+    assert html.exists() and html.stat().st_size > 100_000  # plotly.js is embedded
+
+
+def test_policy_names() -> None:
+    base = load_strategy("zero-infinity-cpu")
+    st = apply_policies(base, "keep-last-3+lookahead-2+alternating+recompute", gpu_param_buffer_gib="auto")
+    p = st.policies
+    assert (p.eviction.kind, p.eviction.keep_last, p.prefetch.depth) == ("static", 3, 2)
+    assert (p.optimizer_order.kind, p.activations.kind) == ("alternating", "recompute")
+    assert p.gpu_param_buffer_gib == "auto"
+    with pytest.raises(ConfigError, match="unknown policy name"):
+        apply_policies(base, "lru+nope")
+    assert rok_points(4, 3) == [0, 2, 4]
+    assert rok_points(32, 5) == [0, 8, 16, 24, 32]
