@@ -79,14 +79,17 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="print the metrics as JSON")] = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace JSON here")] = None,
     spans_csv: Annotated[Path | None, typer.Option("--spans", help="write per-op spans as CSV here")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
 ) -> None:
     """Simulate training iterations and report time, throughput, memory and traffic."""
     from offsim import make_run_config, simulate
     from offsim.report.chrome_trace import write_chrome_trace
+    from offsim.report.progress import progress_bar
 
     try:
         cfg = make_run_config(hardware, workload, strategy, iterations=iterations, warmup_iterations=warmup)
-        result = simulate(cfg)
+        with progress_bar(cfg.iterations, "simulating iterations", enabled=not (quiet or as_json)) as advance:
+            result = simulate(cfg, on_iteration=lambda done, total: advance())
     except OffsimError as exc:
         fail(str(exc))
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from offsim.cache_stats import cache_stats
 from offsim.config.run import RunConfig
@@ -13,16 +14,18 @@ from offsim.plan.footprint import check_fit, footprint, state_sizes
 from offsim.results import RunResult
 
 
-def simulate(cfg: RunConfig) -> RunResult:
+def simulate(cfg: RunConfig, on_iteration: Callable[[int, int], None] | None = None) -> RunResult:
     """Simulate ``cfg``. A configuration that does not fit returns ``feasible=False`` with the
-    tier, the need and the capacity in ``infeasible_reason``; it is never silently simulated."""
+    tier, the need and the capacity in ``infeasible_reason``; it is never silently simulated.
+
+    ``on_iteration(done, total)`` reports progress as iterations finish."""
     t0 = time.perf_counter()
     sz = state_sizes(cfg)
     fp = footprint(cfg, sz)
     fp_dict = {"need": fp.need_bytes, "capacity": fp.capacity_bytes}
     try:
         check_fit(cfg, sz)
-        rec, ledger, events = run_engine(cfg, sz)
+        rec, ledger, events = run_engine(cfg, sz, on_iteration)
     except InfeasibleError as exc:
         metrics = RunMetrics(feasible=False, infeasible_reason=str(exc), infeasible_tier=exc.tier)
         return RunResult(cfg, metrics, footprint_bytes=fp_dict, wall_time_s=time.perf_counter() - t0)

@@ -14,7 +14,7 @@ One iteration (one optimizer step):
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import simpy
@@ -51,6 +51,7 @@ class Engine:
         self.st = cfg.strategy
         self.env = simpy.Environment()
         self.cur = _Cursor()
+        self.on_iteration: Callable[[int, int], None] | None = None
         self.net = FlowNetwork(self.env, resource_capacities(cfg, sz),
                                duplex_rule(cfg.hardware.host_link.duplex_efficiency), self._on_flow_done)
         self.ledger = MemoryLedger(self.env, recorder, capacities(cfg), sz.ranks_per_node)
@@ -489,6 +490,8 @@ class Engine:
             if self.fetcher is not None:
                 yield from self.fetcher.release_all()
             yield from self._step(it)
+            if self.on_iteration is not None:
+                self.on_iteration(it + 1, self.cfg.iterations)
         if self.prev_step is not None:
             yield self.prev_step
         self.rec.end_s = self.env.now
@@ -504,10 +507,15 @@ class Engine:
         self.rec.phase(it, "optimizer", start, self.env.now)
 
 
-def run_engine(cfg: RunConfig, sz: StateSizes) -> tuple[Recorder, MemoryLedger, int]:
-    """Simulate ``cfg``; returns the recorder, the ledger (peaks) and the SimPy events processed."""
+def run_engine(cfg: RunConfig, sz: StateSizes,
+               on_iteration: Callable[[int, int], None] | None = None) -> tuple[Recorder, MemoryLedger, int]:
+    """Simulate ``cfg``; returns the recorder, the ledger (peaks) and the SimPy events processed.
+
+    ``on_iteration(done, total)`` is called as each iteration's main process finishes (progress).
+    """
     rec = Recorder()
     engine = Engine(cfg, sz, rec)
+    engine.on_iteration = on_iteration
     engine.env.process(engine.run())
     events = 0
     env = engine.env
