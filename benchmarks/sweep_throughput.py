@@ -1,0 +1,131 @@
+"""Sweep throughput: points per second locally (process pool) and on a 2-worker Dask LocalCluster.
+
+The sweep is a grid over a 7B model (llama2-7b by default) on one machine profile: four offload
+strategies x DRAM size x NVMe drives x PCIe generation x prefetch depth x micro-batch x sequence
+length x CPU cores, cut to ``--points`` points in grid order. Every point is simulated (the
+pre-filter settles only the points that do not fit in memory; the profile has no prices, so no
+point is pruned as dominated). Results go to a temporary folder that is deleted afterwards.
+
+    python benchmarks/sweep_throughput.py                       # 10,000 points, local and Dask
+    python benchmarks/sweep_throughput.py --points 2000 --mode local
+    python benchmarks/sweep_throughput.py --profile 300         # where one worker's time goes
+
+Prints figures only; nothing here asserts a timing.
+"""
+
+# ruff: noqa: T201 - a benchmark prints its figures
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import random
+import tempfile
+import time
+
+from offsim.sweep.evaluate import Payload, run_chunk
+from offsim.sweep.execute import run_sweep
+from offsim.sweep.spec import SweepPlan, make_plan
+
+GRID = {
+    "strategy": ["zero-offload", "zero-offload-dpu", "zero-infinity-cpu", "zero-infinity-nvme"],
+    "dram_gib": [128, 256, 384, 512, 768],
+    "nvme_drives": [1, 2, 4, 8],
+    "pcie_gen": [3, 4, 5],
+    "prefetch_depth": [1, 2, 4],
+    "micro_batch": [1, 2],
+    "seq_len": [1024, 2048, 4096],
+    "cpu_cores": [16, 32, 64],
+}
+
+
+def build(points: int, hardware: str, workload: str) -> SweepPlan:
+    """The benchmark plan, cut to ``points`` points."""
+    plan = make_plan(hardware, workload, GRID["strategy"][0], grid=GRID, name="throughput")
+    plan.points = plan.points[:points]
+    return plan
+
+
+def run_local(plan: SweepPlan, workers: int, prefilter: bool) -> None:
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        res = run_sweep(plan, out, workers=workers, prefilter=prefilter)
+        wall = time.perf_counter() - t0
+    report(f"local process pool, {workers} workers", res, wall)
+
+
+def run_dask(plan: SweepPlan, workers: int, prefilter: bool) -> None:
+    from distributed import Client, LocalCluster
+
+    t0 = time.perf_counter()
+    with (
+        LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+        tempfile.TemporaryDirectory() as out,
+    ):
+        started = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        res = run_sweep(plan, out, scheduler=client, prefilter=prefilter)
+        wall = time.perf_counter() - t1
+    report(f"Dask LocalCluster, {workers} workers (cluster start {started:.1f} s, not counted)", res, wall)
+
+
+def report(name: str, res, wall: float) -> None:
+    counts = res.frame["status"].value_counts().to_dict()
+    print(f"{name}: {res.new} points in {wall:.1f} s = {res.new / wall:.1f} points/s  {counts}")
+    if res.new:
+        print(f"  10,000 points would take {10_000 / (res.new / wall) / 60:.1f} min at this rate")
+
+
+def profile(plan: SweepPlan, n: int) -> None:
+    """cProfile of one worker evaluating ``n`` points in this process."""
+    payload = Payload.from_plan(plan, prefilter=True)
+    sample = random.Random(0).sample(plan.points, min(n, len(plan.points)))  # across the whole grid
+    items = [(p.index, p.point_id, p.overrides) for p in sample]
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    rows = run_chunk(payload, items)
+    prof.disable()
+    wall = time.perf_counter() - t0
+    n = len(rows)
+    statuses = {s: sum(r["status"] == s for r in rows) for s in {r["status"] for r in rows}}
+    print(
+        f"one process: {n} points in {wall:.2f} s = {n / wall:.1f} points/s "
+        f"(mean {1000 * wall / n:.1f} ms/point, "
+        f"{sum(r.get('events') or 0 for r in rows) / n:,.0f} events/point) "
+        f"{statuses}"
+    )
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(25)
+    print(out.getvalue())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", type=int, default=10_000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--hardware", default="rtx4090-pcie4-ws")
+    ap.add_argument("--workload", default="llama2-7b")
+    ap.add_argument("--mode", choices=["local", "dask", "both"], default="both")
+    ap.add_argument("--no-prefilter", dest="prefilter", action="store_false")
+    ap.add_argument("--profile", type=int, default=0, help="instead: profile N points in one process")
+    args = ap.parse_args()
+    plan = build(args.points, args.hardware, args.workload)
+    print(f"{len(plan.points)} points of {args.workload} on {args.hardware}; {os.cpu_count()} cores")
+    if args.profile:
+        profile(plan, args.profile)
+        return
+    if args.mode in ("local", "both"):
+        run_local(plan, args.workers, args.prefilter)
+    if args.mode in ("dask", "both"):
+        run_dask(plan, args.workers, args.prefilter)
+
+
+if __name__ == "__main__":
+    main()

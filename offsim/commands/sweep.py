@@ -1,0 +1,350 @@
+"""``offsim sweep`` (a grid of what-if points) and ``offsim size`` (the cheapest machine for a target)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from offsim.errors import OffsimError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+class RateColumn(ProgressColumn):
+    """Points per second over the recent past."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("-- pts/s" if speed is None else f"{speed:,.1f} pts/s", style="progress.data.speed")
+
+
+class _Bar:
+    """Adapts run_sweep's progress callback to a rich progress bar."""
+
+    def __init__(self, progress: Progress, name: str) -> None:
+        self.progress, self.name = progress, name
+        self.task: Any = None
+        self.last = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.task = self.progress.add_task(self.name, total=total, completed=done)
+        else:
+            self.progress.advance(self.task, done - self.last)
+        self.last = done
+
+
+def _status_table(frame: Any) -> Table:
+    t = Table(title="points by status", show_header=True)
+    t.add_column("status")
+    t.add_column("points", justify="right")
+    if not frame.empty:
+        for status, n in frame["status"].value_counts().sort_index().items():
+            t.add_row(str(status), str(n))
+    return t
+
+
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="sweep spec YAML (see sweeps/*.yaml)")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="output folder (results store, tables, figures)")
+    ] = Path("results"),
+    workers: Annotated[
+        int | None, typer.Option(help="local worker processes (default: all cores; 1: in-process)")
+    ] = None,
+    scheduler: Annotated[
+        str | None, typer.Option(help="address of a running Dask scheduler, e.g. tcp://host:8786")
+    ] = None,
+    prefilter: Annotated[
+        bool, typer.Option(help="skip simulating points the closed-form checks settle")
+    ] = True,
+    yes: Annotated[bool, typer.Option("--yes", help="allow more than 1,000,000 points")] = False,
+    max_points: Annotated[
+        int | None, typer.Option(help="evaluate at most this many new points, then stop")
+    ] = None,
+    fresh: Annotated[bool, typer.Option(help="discard results already in --out")] = False,
+    figures: Annotated[bool, typer.Option(help="write plotly HTML figures to OUT/figures")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Run a grid of what-if points (hardware, workload, strategy); resumable, local or on Dask."""
+    from offsim.sweep.execute import run_sweep, write_tables
+    from offsim.sweep.figures import write_figures
+    from offsim.sweep.spec import load_spec
+
+    try:
+        plan = load_spec(spec, yes=yes)
+        cols = [
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            RateColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        ]
+        with Progress(*cols, console=err_console, disable=quiet, transient=False) as progress:
+            outcome = run_sweep(
+                plan,
+                out,
+                workers=workers,
+                scheduler=scheduler,
+                prefilter=prefilter,
+                max_points=max_points,
+                fresh=fresh,
+                progress=_Bar(progress, plan.name),
+            )
+    except OffsimError as exc:
+        _fail(str(exc))
+        return
+    files = write_tables(outcome.frame, out)
+    if figures and outcome.complete:
+        files += write_figures(outcome.frame, plan.axis_keys, out / "figures")
+    if not quiet:
+        console.print(_status_table(outcome.frame))
+    console.print(
+        f"{outcome.new} points evaluated ({outcome.points_per_s:,.1f} points/s), {outcome.reused} reused; "
+        f"{len(outcome.frame)} of {outcome.total} in {out}",
+        highlight=False,
+    )
+    for f in files:
+        console.print(f"  wrote {f}", highlight=False)
+    if outcome.interrupted:
+        err_console.print("interrupted: finished points are saved; run the same command again to resume")
+        raise typer.Exit(130)
+    if outcome.failed_chunks:
+        _fail(f"{outcome.failed_chunks} chunks were lost to worker failures; run again to retry them", 1)
+    if not outcome.complete:
+        console.print("stopped before the end (--max-points); run the same command again to continue")
+
+
+# ----------------------------------------------------------------------------- size
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text.strip() else text
+
+
+def _parse_assignments(items: list[str], what: str, many: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise OffsimError(f"{what} expects KEY=VALUE{',VALUE...' if many else ''}, got {item!r}")
+        out[key.strip()] = [_parse_scalar(v) for v in value.split(",")] if many else _parse_scalar(value)
+    return out
+
+
+def _fmt(row: dict[str, Any], key: str, fmt: str) -> str:
+    v = row.get(key)
+    return "-" if v is None or v != v else format(v, fmt)
+
+
+def _result_text(row: dict[str, Any]) -> str:
+    if row.get("status") == "ok":
+        return f"{row['iteration_time_s']:.4g} s/iter, {row['tokens_per_s']:,.0f} tokens/s"
+    if row.get("status") == "too_slow":
+        return f"too slow: at least {row['time_lower_bound_s']:.4g} s/iter (bound: {row['bound_binding']})"
+    if row.get("status") == "infeasible":
+        return f"does not fit: {row.get('infeasible_reason')}"
+    return f"{row.get('status')}: {row.get('error')}"
+
+
+def _time_cell(row: dict[str, Any]) -> str:
+    status = row.get("status")
+    if status == "ok":
+        return f"{row['iteration_time_s']:.4g}"
+    if status == "too_slow":
+        return f">= {row['time_lower_bound_s']:.4g}"
+    return "no fit" if status == "infeasible" else str(status)
+
+
+def _size_table(result: Any) -> Table:
+    title = "cheapest" if result.objective == "cost" else "smallest"
+    t = Table(title=f"{title} machine for {_goal_text(result.goal)}")
+    t.add_column("")
+    for k in result.dims:
+        t.add_column(k, justify="right")
+    t.add_column("s/iter", justify="right")
+    t.add_column("tokens/s", justify="right")
+    priced = result.objective == "cost"
+    if priced:
+        t.add_column("USD", justify="right")
+    rows = [("answer", result.answer), ("runner-up", result.runner_up)]
+    rows += [(f"{k} -1 step", c) for k, c in result.steps_down.items()]
+    for label, cand in rows:
+        if cand is None:
+            continue
+        r = cand.row
+        cells = [
+            label,
+            *[str(cand.overrides[k]) for k in result.dims],
+            _time_cell(r),
+            _fmt(r, "tokens_per_s", ",.0f"),
+        ]
+        t.add_row(*cells, *([_fmt(r, "capex_usd", ",.0f")] if priced else []))
+    return t
+
+
+def _goal_text(goal: Any) -> str:
+    parts = []
+    if goal.max_iteration_s is not None:
+        parts.append(f"<= {goal.max_iteration_s:g} s per iteration")
+    if goal.min_tokens_per_s is not None:
+        parts.append(f">= {goal.min_tokens_per_s:g} tokens/s")
+    return " and ".join(parts)
+
+
+def _why(result: Any) -> list[str]:
+    lines = []
+    a, r = result.answer, result.runner_up
+    if a is None:
+        big = result.largest
+        lines.append(
+            f"no combination meets the target; the largest ({_ov(big.overrides, result.dims)}) gives "
+            f"{_result_text(big.row)}"
+        )
+        if big.row.get("bound_binding"):
+            lines.append(
+                f"even there the time is bounded below by '{big.row['bound_binding']}' "
+                f"({big.row['time_lower_bound_s']:.4g} s): vary another dimension (e.g. gpu, cpu_cores, "
+                "the strategy) or relax the target"
+            )
+        return lines
+    lines.append(
+        f"answer: {_ov(a.overrides, result.dims)}: {_result_text(a.row)}; the binding lower bound is "
+        f"'{a.row.get('bound_binding')}'"
+    )
+    if r is not None:
+        if result.objective == "cost" and r.objective > a.objective:
+            extra = r.objective - a.objective
+            diff = f"costs {extra:,.0f} USD more ({100 * extra / a.objective:.0f}%)"
+        elif r.size > a.size:
+            diff = f"is a larger machine ({r.size - a.size} more step(s) up the value lists)"
+        else:
+            diff = "is as cheap and as small but slower"
+        also = f"also meets the target ({_result_text(r.row)})"
+        lines.append(f"runner-up: {_ov(r.overrides, result.dims)} {also} but {diff}")
+    else:
+        lines.append(
+            "no runner-up: every other combination that meets the target has at least the answer's parts"
+        )
+    for key, c in result.steps_down.items():
+        if c is not None and not result.goal.met(c.row):
+            lines.append(f"with {key} = {c.overrides[key]} instead: {_result_text(c.row)}")
+    lines += result.notes
+    lines.append(f"{len(result.evaluated)} of {result.grid_points} grid points evaluated")
+    return lines
+
+
+def _ov(overrides: dict[str, Any], order: Any) -> str:
+    return ", ".join(f"{k}={overrides[k]}" for k in order)
+
+
+def size_command(
+    vary: Annotated[
+        str, typer.Option(help="comma-separated dimensions to search, e.g. dram_gib,nvme_drives,pcie_gen")
+    ],
+    hardware: Annotated[
+        str, typer.Option("--hardware", "-H", help="base hardware profile")
+    ] = "rtx4090-pcie4-ws",
+    workload: Annotated[str, typer.Option("--workload", "-w", help="workload name or path")] = "llama2-7b",
+    strategy: Annotated[str, typer.Option("--strategy", "-s", help="strategy name or path")] = "zero-offload",
+    target_iteration_s: Annotated[
+        float | None, typer.Option(help="largest acceptable iteration time, s")
+    ] = None,
+    target_tokens_per_s: Annotated[float | None, typer.Option(help="smallest acceptable throughput")] = None,
+    values: Annotated[
+        list[str] | None, typer.Option("--values", help="candidate values: KEY=A,B,C (repeatable)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="fixed override for every point: KEY=VALUE")
+    ] = None,
+    objective: Annotated[
+        str, typer.Option(help="cost (purchase price), size (fewest steps up), or auto")
+    ] = "auto",
+    prefilter: Annotated[
+        bool, typer.Option(help="settle points by the closed-form bound when possible")
+    ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
+) -> None:
+    """Find the cheapest (or smallest) machine meeting a target, by a monotone search."""
+    from offsim.sweep.evaluate import Goal
+    from offsim.sweep.sizing import size
+
+    if objective not in ("auto", "cost", "size"):
+        _fail(f"--objective must be auto, cost or size, not {objective!r}")
+    try:
+        goal = Goal(target_iteration_s, target_tokens_per_s)
+        dims = [d.strip() for d in vary.split(",") if d.strip()]
+        result = size(
+            hardware,
+            workload,
+            strategy,
+            dims,
+            goal,
+            values=_parse_assignments(values or [], "--values", many=True),
+            fixed=_parse_assignments(set_ or [], "--set", many=False),
+            objective=objective,
+            prefilter=prefilter,
+        )
+    except OffsimError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+
+        def pack(c: Any) -> Any:
+            return None if c is None else {"overrides": c.overrides, "objective": c.objective, "row": c.row}
+
+        doc = {
+            "objective": result.objective,
+            "answer": pack(result.answer),
+            "runner_up": pack(result.runner_up),
+            "largest": pack(result.largest),
+            "steps_down": {k: pack(c) for k, c in result.steps_down.items()},
+            "evaluated": len(result.evaluated),
+            "grid_points": result.grid_points,
+            "why": _why(result),
+        }
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    else:
+        if result.answer is not None:
+            console.print(_size_table(result))
+        for line in _why(result):
+            console.print(f"- {line}", highlight=False)
+    if result.answer is None:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``sweep`` and ``size`` to the offsim CLI."""
+    from offsim.sweep.overrides import ALIASES
+
+    aliases = "\n\n".join(f"{k}: {v}" for k, v in ALIASES.items())
+    epilog = (
+        "Axis keys are dotted paths (hardware.dram.capacity_gib, workload.training.micro_batch, "
+        f"strategy.prefetch_depth, run.iterations) or these aliases:\n\n{aliases}"
+    )
+    app.command("sweep", epilog=epilog)(sweep)
+    app.command("size")(size_command)

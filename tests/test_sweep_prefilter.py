@@ -1,0 +1,110 @@
+"""The closed-form pre-filter: the time bound never exceeds the simulated time, and a point it
+marks infeasible is infeasible in the simulator."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from offsim.engine.run import simulate
+from offsim.plan.footprint import footprint
+from offsim.sweep.overrides import OverrideError, apply_overrides, build_run_config
+from offsim.sweep.prefilter import Frontier, time_lower_bound
+from offsim.sweep.spec import make_plan
+
+STRATEGIES = [
+    "gpu-only",
+    "zero-offload",
+    "zero-offload-dpu",
+    "zero-infinity-cpu",
+    "zero-infinity-nvme",
+    "fuyou",
+    "lsp-offload",
+    "memascend",
+    "superoffload",
+    "tba-ssdtrain",
+]
+AXES = {
+    "strategy": STRATEGIES,
+    "dram_gib": [1, 4, 64],
+    "nvme_drives": [1, 3],
+    "pcie_gen": [3, 5],
+    "micro_batch": [1, 2],
+    "grad_accumulation": [1, 2],
+    "seq_len": [128, 512],
+    "prefetch_depth": [0, 2],
+    "strategy.placement.activations": ["gpu", "cpu", "nvme"],
+    "workload.training.activation_checkpointing": [True, False],
+    "hardware.gpu.memory_gib": [1.0, 16.0],
+    "dram_cache_gib": [0.0, 0.3, 1.5],
+    "strategy.sub_group_params": [1e7, 1e9],
+    "policy": ["reuse-distance", "lru", "belady"],
+    "activation_policy": ["placement", "keep", "recompute", "offload-cpu"],
+}
+PLAN = make_plan("tiny", "tiny", "zero-offload", grid={"strategy": STRATEGIES})  # resolves the strategy files
+
+point = st.fixed_dictionaries({k: st.sampled_from(v) for k, v in AXES.items()})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(point)
+def test_bound_is_below_the_simulated_time_and_infeasible_agrees(overrides):
+    try:
+        cfg = build_run_config(apply_overrides(PLAN.base, overrides, PLAN.library), overrides)
+    except OverrideError:
+        return  # a combination the models refuse (e.g. gpu-only with activations on the CPU)
+    result = simulate(cfg)
+    if footprint(cfg).first_overflow() is not None:
+        assert not result.feasible
+        return
+    if not result.feasible:  # the engine's ledger can find an overflow the planner's estimate misses
+        return
+    bound = time_lower_bound(cfg)
+    assert bound.seconds <= result.metrics.iteration_time_s * (1 + 1e-9), (
+        bound,
+        result.metrics.iteration_time_s,
+    )
+    for link in ("h2d", "d2h", "nvme_read", "nvme_write"):  # the bytes counted are really moved
+        assert bound.traffic_bytes[link] <= getattr(result.metrics.traffic_bytes, link) * (1 + 1e-9) + 1
+
+
+def test_bound_is_tight_when_only_compute_runs():
+    ov = {"strategy": "gpu-only"}
+    cfg = build_run_config(apply_overrides(PLAN.base, ov, PLAN.library), ov)
+    bound = time_lower_bound(cfg)
+    assert bound.binding == "gpu_serial"
+    assert abs(bound.seconds - simulate(cfg).metrics.iteration_time_s) < 1e-9
+
+
+def test_nvme_bound_halves_with_twice_the_drives():
+    times = []
+    for drives in (1, 2):
+        ov = {"strategy": "zero-infinity-nvme", "nvme_drives": drives}
+        times.append(
+            time_lower_bound(build_run_config(apply_overrides(PLAN.base, ov, PLAN.library), ov)).terms_s[
+                "nvme"
+            ]
+        )
+    assert abs(times[1] - times[0] / 2) < 1e-12
+
+
+def test_frontier_finds_a_cheaper_faster_point():
+    rows = [
+        {"status": "ok", "usd_per_hour": 1.0, "tokens_per_s": 100.0, "workload_id": "w", "point_id": "a"},
+        {"status": "ok", "usd_per_hour": 2.0, "tokens_per_s": 300.0, "workload_id": "w", "point_id": "b"},
+        {"status": "ok", "usd_per_hour": 3.0, "tokens_per_s": 200.0, "workload_id": "w", "point_id": "c"},
+        {
+            "status": "infeasible",
+            "usd_per_hour": 0.5,
+            "tokens_per_s": None,
+            "workload_id": "w",
+            "point_id": "d",
+        },
+    ]
+    f = Frontier.from_rows(rows)
+    assert f.dominated_by("w", 0.9, 1.0) is None  # nothing as cheap
+    assert f.dominated_by("w", 1.5, 90.0) == "a"
+    assert f.dominated_by("w", 1.5, 150.0) is None  # it might beat a
+    assert f.dominated_by("w", 3.5, 250.0) == "b"
+    assert f.dominated_by("other", 3.5, 1.0) is None  # another workload is not comparable
+    assert len(f) == 2  # c never improves on b: only the staircase corners are kept
