@@ -34,7 +34,7 @@ class RunConfig(Frozen):
         if st.uses_nvme() and hw.nvme is None:
             p = st.placement
             fields = [f"placement.{k}" for k in ("params", "grads", "optimizer_states", "activations")
-                      if getattr(p, k) == "nvme"]
+                      if getattr(p, k) == "nvme"] or ["policies.activations"]
             raise ValueError(
                 f"strategy '{st.name}' places {', '.join(fields)} on nvme but hardware profile "
                 f"'{hw.name}' has no nvme block"

@@ -179,4 +179,6 @@ class Strategy(Frozen):
     def uses_nvme(self) -> bool:
         """True when any state is placed on NVMe."""
         p = self.placement
-        return "nvme" in (p.params, p.grads, p.optimizer_states, p.activations)
+        act = self.policies.activations
+        act_nvme = getattr(act, "kind", "") == "offload-nvme" or getattr(act, "tier", "") == "nvme"
+        return act_nvme or "nvme" in (p.params, p.grads, p.optimizer_states, p.activations)

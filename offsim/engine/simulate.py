@@ -179,25 +179,36 @@ class Engine:
         return len(self.layers) - 1 - layer.index > self.st.prefetch_depth
 
     def _offload_activation(self, layer: Layer, meta: dict) -> Generator:
+        """GPU -> host (-> NVMe). Activations bound for NVMe pass through the pinned staging
+        buffers (taken for the copy and the write), so host memory stays within that pool."""
         nbytes = self._kept_bytes(layer)
+        if self._act_tier(layer) == "nvme":
+            take = min(nbytes, self.staging.capacity)
+            yield self.staging.get(take)
+            yield from self._on_stream("act_d2h", self.io.d2h(nbytes, **meta))
+            self.ledger.free("gpu", nbytes)
+            self.ledger.alloc("nvme", nbytes, f"{layer.name} activations on nvme")
+            yield from self._on_stream("act_nvme", self.io.nvme_write(nbytes, **meta))
+            yield self.staging.put(take)
+            return
         host = "host_pinned" if self.st.pin_memory else "host_pageable"
         self.ledger.alloc(host, nbytes, f"{layer.name} offloaded activations")
         yield from self._on_stream("act_d2h", self.io.d2h(nbytes, pinned=self.st.pin_memory, **meta))
         self.ledger.free("gpu", nbytes)
-        if self._act_tier(layer) == "nvme":
-            self.ledger.alloc("nvme", nbytes, f"{layer.name} activations on nvme")
-            yield from self._on_stream("act_nvme", self.io.nvme_write(nbytes, **meta))
-            self.ledger.free(host, nbytes)
 
     def _fetch_activation(self, layer: Layer, meta: dict) -> Generator:
         yield self.act_offload.pop(layer.index)
         nbytes = self._kept_bytes(layer)
         self.ledger.alloc("gpu", nbytes, f"{layer.name} activations back")
-        host = "host_pinned" if self.st.pin_memory else "host_pageable"
         if self._act_tier(layer) == "nvme":
-            self.ledger.alloc(host, nbytes, f"{layer.name} activations staging")
+            take = min(nbytes, self.staging.capacity)
+            yield self.staging.get(take)
             yield from self._on_stream("act_nvme", self.io.nvme_read(nbytes, **meta))
             self.ledger.free("nvme", nbytes)
+            yield from self._on_stream("act_h2d", self.io.h2d(nbytes, **meta))
+            yield self.staging.put(take)
+            return
+        host = "host_pinned" if self.st.pin_memory else "host_pageable"
         yield from self._on_stream("act_h2d", self.io.h2d(nbytes, pinned=self.st.pin_memory, **meta))
         self.ledger.free(host, nbytes)
 
