@@ -103,9 +103,10 @@ def largest_activation_bytes(wl: Workload) -> float:
     return largest
 
 
-def _gemm_time_s(gpu: GPU, dtype: str, flop: float, batch: int = 1) -> float:
-    """Time of ``flop`` FLOPs run as ``batch`` equal GEMMs, at the size-dependent efficiency."""
-    return flop / (gpu.peak_flops(dtype) * gpu.gemm_fraction(flop / batch))
+def _gemm_time_s(gpu: GPU, dtype: str, flop: float) -> float:
+    """Time of one GEMM (or one batched GEMM kernel) of ``flop`` FLOPs at the size-dependent
+    efficiency of the profile's curve."""
+    return flop / (gpu.peak_flops(dtype) * gpu.gemm_fraction(flop))
 
 
 def block_forward_s(wl: Workload, gpu: GPU) -> float:
@@ -117,8 +118,9 @@ def block_forward_s(wl: Workload, gpu: GPU) -> float:
     dtype = wl.precision.compute
     *dense, attention = block_gemms(wl)
     t = sum(_gemm_time_s(gpu, dtype, g) for g in dense)
-    batch_heads = wl.training.micro_batch * wl.model.heads
-    t += _gemm_time_s(gpu, dtype, attention, batch_heads)
+    # attention over all heads and sequences runs as one batched kernel (bmm or a fused
+    # attention kernel), so its efficiency follows the total work, not one head's
+    t += _gemm_time_s(gpu, dtype, attention)
     t += 2 * block_activation_bytes(wl) / gpu.hbm_bytes_per_s
     return t
 
