@@ -57,6 +57,7 @@ def print_metrics_table(result) -> None:  # noqa: ANN001 - RunResult, imported l
     t.add_row("iteration time", f"{m.iteration_time_s:.4g} s")
     t.add_row("throughput", f"{m.tokens_per_s:,.0f} tokens/s")
     t.add_row("model TFLOP/s per GPU", f"{m.tflops_per_gpu:.1f}")
+    t.add_row("hardware TFLOP/s per GPU (recompute incl.)", f"{m.hardware_tflops_per_gpu:.1f}")
     t.add_row("GPU busy", f"{100 * m.gpu_busy_fraction:.1f} %")
     for phase, secs in m.phases_s.model_dump().items():
         t.add_row(f"phase {phase}", f"{secs:.4g} s")
@@ -66,6 +67,10 @@ def print_metrics_table(result) -> None:  # noqa: ANN001 - RunResult, imported l
         t.add_row(f"peak {tier}", gib(b))
     for link, b in m.traffic_bytes.model_dump().items():
         t.add_row(f"traffic {link} / iteration", f"{b / 1e9:.3f} GB")
+    for name, c in m.cache.items():
+        rate = "-" if c.hit_rate is None else f"{100 * c.hit_rate:.0f} %"
+        t.add_row(f"cache {name} ({c.policy})",
+                  f"hits {rate}, fetched {c.bytes_fetched / 1e9:.3f} GB (OPT {c.opt_bytes_fetched / 1e9:.3f})")
     console.print(t)
 
 

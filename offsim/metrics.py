@@ -88,7 +88,8 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
         if it in steady:
             phases[name] += (end - start) / n
     traffic = dict.fromkeys(LINKS + EXTRA_LINKS, 0.0)
-    busy = stall = cpu_busy = 0.0
+    busy = stall = cpu_busy = recompute_s = 0.0
+    recomputed: dict[int, float] = {}  # layer index -> forward passes repeated per iteration
     step_bounds: dict[int, list[float]] = {}
     for s in rec.spans:
         if s.iteration not in steady:
@@ -97,6 +98,8 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
             traffic[s.resource] += s.bytes / n
         elif s.resource == "gpu":
             busy += (s.end_s - s.start_s) / n
+            if s.kind == "recompute":
+                recomputed[s.layer] = recomputed.get(s.layer, 0.0) + 1.0 / n
         elif s.resource == "gpu_stall":
             stall += (s.end_s - s.start_s) / n
         elif s.resource == "cpu":
@@ -106,8 +109,7 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
             b[0], b[1] = min(b[0], s.start_s), max(b[1], s.end_s)
     wl = cfg.workload
     model_flop = model_flop_per_iteration(wl)
-    # checkpointing repeats the blocks' forward (a third of their forward + backward FLOPs)
-    recompute = model_flop / 3 * _block_share(cfg) if cfg.activation_checkpointing else 0.0
+    recompute = _recompute_flop(cfg, recomputed)
     step_s = sum(b[1] - b[0] for b in step_bounds.values()) / n if step_bounds else 0.0
     return RunMetrics(
         feasible=True,
@@ -126,11 +128,10 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
     )
 
 
-def _block_share(cfg: RunConfig) -> float:
-    """Fraction of forward FLOPs spent in transformer blocks (the part recompute repeats)."""
-    from offsim.plan.model import block_gemms
+def _recompute_flop(cfg: RunConfig, recomputed: dict[int, float]) -> float:
+    """FLOPs of the forward passes the engine repeated in one iteration: the forward FLOPs of
+    each layer times how often its recompute span ran (checkpointing or a per-layer policy)."""
+    from offsim.plan.model import build_layers
 
-    wl = cfg.workload
-    blocks = wl.model.layers * sum(block_gemms(wl))
-    head = 2.0 * wl.training.tokens_per_micro_batch * wl.model.hidden * wl.model.vocab
-    return blocks / (blocks + head)
+    fwd_flop = {lay.index: lay.fwd_flop for lay in build_layers(cfg.workload, cfg.hardware.gpu)}
+    return sum(fwd_flop.get(index, 0.0) * count for index, count in recomputed.items())

@@ -76,3 +76,12 @@ def test_listings() -> None:
 def test_schema() -> None:
     result = runner.invoke(app, ["schema", "hardware"])
     assert result.exit_code == 0 and "host_link" in json.loads(result.stdout)["properties"]
+
+
+def test_run_table_shows_cache_stats_for_streamed_params() -> None:
+    """A strategy that streams parameters shows the GPU parameter cache's hit rate and its bytes
+    beside OPT's in the human table."""
+    result = runner.invoke(app, ["run", "-H", "tiny", "-w", "tiny", "-s", "zero-infinity-cpu", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "cache gpu_params" in result.output and "OPT" in result.output
+    assert "hardware TFLOP/s" in result.output

@@ -256,3 +256,21 @@ def test_a_bad_order_and_a_bad_activation_plan_are_reported(monkeypatch) -> None
     monkeypatch.setattr(KeepConfig, "build", lambda self, ctx: RecomputesAll())
     with pytest.raises(PolicyError, match=r"'recomputes-all' at layer embed: recompute applies"):
         _run(_strategy(policies={"activations": {"kind": "keep"}}))
+
+
+def test_hardware_flops_count_the_recompute_a_policy_chose() -> None:
+    """hardware TFLOPS = (model FLOPs + the forward FLOPs of every block the engine recomputed) /
+    iteration time. tiny's workload without checkpointing, with a per-block policy recomputing 2
+    of its 4 blocks: the extra is 2 block forwards per micro-batch."""
+    from offsim.plan.model import build_layers, model_flop_per_iteration
+
+    wl = _workload(layers=4)
+    wl = wl.model_copy(update={"training": wl.training.model_copy(update={"activation_checkpointing": False})})
+    st = _strategy("zero-offload", policies={"activations": {"kind": "per-block", "recompute": 2}},
+                   activation_checkpointing=False)
+    m = _run(st, wl).metrics
+    block_fwd_flop = build_layers(wl, load_profile("tiny").gpu)[1].fwd_flop
+    extra = 2 * block_fwd_flop * wl.training.grad_accumulation
+    expected = (model_flop_per_iteration(wl) + extra) / m.iteration_time_s / 1e12
+    assert m.hardware_tflops_per_gpu == pytest.approx(expected, rel=1e-9)
+    assert m.hardware_tflops_per_gpu > m.tflops_per_gpu
