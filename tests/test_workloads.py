@@ -36,6 +36,8 @@ NOMINAL: dict[str, tuple[float, float]] = {
     "zero-infinity-1t": (1e12, 0.01),
     # Deep Optimizer States artifact log name "7B": 12*L*h^2 is 6.44e9, so the label rounds up.
     "dos-gpt-7b": (7e9, 0.06),
+    # Deep Optimizer States artifact 7B sample log: "number of parameters ... 5948837888".
+    "dos-7b": (5.948837888e9, 1e-6),
 }
 
 # Exact parameter counts of the released checkpoints (sum of tensor sizes in the Hugging Face

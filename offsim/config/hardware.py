@@ -318,6 +318,46 @@ class NVMe(Frozen):
         return self.drives * self.raid_efficiency * per_drive / (fast_s + slow_s)
 
 
+class PFS(Frozen):
+    """A shared parallel file system (Lustre, VAST, GPFS) reached over the node's network.
+
+    Rates are what one node's client reaches, shared by the node's ranks; reads and writes run
+    on separate directions of the network path (full duplex), each at its own rate.
+
+    Attributes:
+        model: the file system and mount, e.g. ``Lustre Grand (/lus/grand)``.
+        read_gb_per_s / write_gb_per_s: one node's sustained large-transfer rate, GB/s.
+        latency_us: per-request latency (network RPC plus server), microseconds.
+        capacity_tb: space the job may use (quota), TB (1e12).
+    """
+
+    model: str
+    read_gb_per_s: float = Field(gt=0)
+    write_gb_per_s: float = Field(gt=0)
+    latency_us: float = Field(default=1000.0, ge=0)
+    capacity_tb: float = Field(gt=0)
+
+    @property
+    def read_bytes_per_s(self) -> float:
+        """One node's read rate, bytes/s."""
+        return self.read_gb_per_s * GB
+
+    @property
+    def write_bytes_per_s(self) -> float:
+        """One node's write rate, bytes/s."""
+        return self.write_gb_per_s * GB
+
+    @property
+    def latency_s(self) -> float:
+        """Per-request latency, seconds."""
+        return self.latency_us * US
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Usable capacity, bytes."""
+        return self.capacity_tb * 1e12
+
+
 class GpuLink(Frozen):
     """GPU-to-GPU link used by collectives (all-gather, reduce-scatter).
 
@@ -378,5 +418,6 @@ class HardwareProfile(Frozen):
     cpu: CPU
     dram: DRAM
     nvme: NVMe | None = None
+    pfs: PFS | None = None  # optional third storage tier shared over the network (MLP-Offload)
     topology: Topology = Topology()
     price_usd_per_hour: float | None = Field(default=None, ge=0)

@@ -120,6 +120,15 @@ class Strategy(Frozen):
         host_allocator: ``caching`` rounds each pinned allocation up to a power of two (PyTorch
             CachingHostAllocator); ``exact`` pins exactly what is asked (MemAscend).
         policies: cache, prefetch, activation and optimizer-order policies (:class:`Policies`).
+        optimizer_gpu_fraction: share f of the rank's optimizer state and fp32 gradients that
+            lives on the GPU and is updated there (HBM-bound GPU Adam) while the CPU updates the
+            rest; gradients go D2H and updated 16-bit parameters H2D for 1 - f only (Twin-Flow /
+            ZeRO-Offload++; DeepSpeed ``offload_optimizer.ratio`` is 1 - f).
+        optimizer_split: ``fixed`` (only ``optimizer_gpu_fraction``) or ``perf-model``: each
+            iteration a performance model picks host-resident sub-groups to stream to the GPU
+            (state and gradient H2D, GPU Adam, state D2H) concurrently with the CPU updating the
+            others, from the rates observed in the previous iteration and the GPU memory free
+            after backward (Deep Optimizer States, arXiv 2410.21316).
     """
 
     schema_version: Literal[1] = 1
@@ -145,6 +154,68 @@ class Strategy(Frozen):
     activation_checkpointing: bool | None = None
     host_allocator: Literal["caching", "exact"] = "caching"
     policies: Policies = Policies()
+    # MLP-Offload (Maurya et al., SC 2025, arXiv 2509.02480): multi-path optimizer-state I/O
+    pfs_share: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="fraction of each optimizer-state transfer striped to the hardware's PFS tier "
+                    "(the rest goes to NVMe, both paths at once); 0, or a profile without pfs: NVMe only",
+    )
+    io_concurrency: int | None = Field(
+        default=None, ge=1,
+        description="optimizer-state transfers one rank keeps in flight per storage path "
+                    "(MLP-Offload's concurrency control); none: unlimited",
+    )
+    delayed_grad_conversion: bool = Field(
+        default=False,
+        description="offloaded gradients stay 16-bit and are converted to fp32 inside the update "
+                    "(MLP-Offload), instead of being stored in the optimizer's fp32 format",
+    )
+
+    # Harmony's baseline (Li et al., VLDB 2022, arXiv 2202.01306): per-GPU swapping, no partitioning
+    replicated_param_swap: bool = Field(
+        default=False,
+        description="parameters placed off the GPU are swapped in by every data-parallel rank as a full "
+                    "replica over its own host link (virtualised GPU memory, one copy per GPU), allowed "
+                    "with zero_stage < 3, and nothing moves GPU-to-GPU: every rank swaps out its full "
+                    "gradient, summed in host memory by its accumulate copy; false: parameter offload "
+                    "needs zero_stage 3 (partitioned)",
+    )
+
+    @model_validator(mode="after")
+    def _check_storage_paths(self) -> Strategy:
+        if self.pfs_share > 0 and self.placement.optimizer_states != "nvme":
+            raise ValueError("pfs_share > 0 needs placement.optimizer_states on nvme (the PFS is striped with it)")
+        return self
+
+    # Twin-Flow / ZeRO-Offload++ (DeepSpeed blog) and Deep Optimizer States (arXiv 2410.21316)
+    optimizer_gpu_fraction: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="fraction of this rank's optimizer state (and its fp32 gradients) kept on the GPU "
+                    "and updated there concurrently with the CPU step (Twin-Flow; DeepSpeed "
+                    "offload_optimizer.ratio = 1 - this); 0: all on the host",
+    )
+    optimizer_split: Literal["fixed", "perf-model"] = Field(
+        default="fixed",
+        description="perf-model: each step a performance model (offsim.plan.optimizer_split) picks "
+                    "host-resident sub-groups that are streamed to the GPU, updated there and streamed "
+                    "back, concurrently with CPU updates of the others (Deep Optimizer States); fixed: "
+                    "only optimizer_gpu_fraction decides",
+    )
+
+    @model_validator(mode="after")
+    def _check_optimizer_split(self) -> Strategy:
+        if self.optimizer_gpu_fraction == 0.0 and self.optimizer_split == "fixed":
+            return self
+        p = self.placement
+        what = "optimizer_gpu_fraction > 0 or optimizer_split 'perf-model'"
+        if self.optimizer_device != "cpu" or p.optimizer_states != "cpu" or p.grads != "cpu":
+            raise ValueError(f"{what} needs optimizer_device 'cpu' with placement.optimizer_states and "
+                             "placement.grads on cpu")
+        if self.optimizer_schedule != "after-backward" or self.delayed_param_update:
+            raise ValueError(f"{what} needs optimizer_schedule 'after-backward' and no delayed_param_update")
+        if self.grad_compression_ratio > 1.0 or self.delayed_grad_conversion:
+            raise ValueError(f"{what} cannot be combined with grad_compression_ratio > 1 or delayed_grad_conversion")
+        return self
 
     @model_validator(mode="after")
     def _check(self) -> Strategy:
@@ -159,9 +230,10 @@ class Strategy(Frozen):
                 raise ValueError("optimizer_device 'cpu' needs placement.optimizer_states on cpu or nvme")
             if p.grads == "gpu":
                 raise ValueError("optimizer_device 'cpu' needs placement.grads on cpu or nvme")
-        if p.params != "gpu" and self.zero_stage != 3:
+        if p.params != "gpu" and self.zero_stage != 3 and not self.replicated_param_swap:
             raise ValueError(
-                f"placement.params '{p.params}' (parameter offload) needs zero_stage 3, as in DeepSpeed"
+                f"placement.params '{p.params}' (parameter offload) needs zero_stage 3, as in DeepSpeed "
+                "(or replicated_param_swap for per-GPU swapping of full replicas)"
             )
         if self.optimizer_schedule == "layerwise" and (self.optimizer_device != "cpu" or self.delayed_param_update):
             raise ValueError("optimizer_schedule 'layerwise' needs optimizer_device 'cpu' and no delayed_param_update")

@@ -8,14 +8,16 @@ One iteration (one optimizer step):
    gradients);
 2. the optimizer step: on the GPU, or on the CPU per sub-group (read state from NVMe when it
    lives there, CPU Adam, write it back, send updated 16-bit parameters to their home),
-   optionally overlapped with the next iteration (delayed parameter update).
+   optionally overlapped with the next iteration (delayed parameter update); beside the CPU's
+   sub-groups the GPU may update a resident share of the state (Twin-Flow) and sub-groups
+   streamed from the host by a per-iteration performance model (Deep Optimizer States).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import simpy
 
@@ -28,6 +30,7 @@ from offsim.engine.policy_hooks import PolicyHooks
 from offsim.engine.transfers import Transfers, duplex_rule, resource_capacities
 from offsim.plan.footprint import StateSizes, capacities, grad_buffer_bytes, params_streamed, round_pinned
 from offsim.plan.model import Layer
+from offsim.plan.optimizer_split import SplitBytes, SplitPlan, SplitRates, interleave, plan_split
 from offsim.trace import Recorder, Span
 
 
@@ -78,8 +81,13 @@ class Engine:
         self.fetcher: ParamFetcher | None = None
         self.hooks = PolicyHooks(cfg, sz, recorder)
         self.opt_cache = None
+        # Twin-Flow: the host keeps and updates 1 - f of the optimizer state, the GPU the rest
+        self.host_share = 1.0 - self.st.optimizer_gpu_fraction
         if self.hooks.dram_bytes > 0:
             self.opt_cache = OptimizerCache(self.hooks, self.io, self.ledger, self._subgroups())
+        # Deep Optimizer States: rates observed in the last step, and each step's split decision
+        self.split_rates: SplitRates | None = None
+        self.split_plans: list[SplitPlan] = []
 
     # ---------------------------------------------------------------- helpers
     def _nvme_write_rate(self) -> float:
@@ -282,11 +290,11 @@ class Engine:
             reduce = self.io.collective(full, factor, **{**meta, "kind": "grad_reduce"})
             yield from self._on_stream("grad_reduce", reduce)
         ratio = self.st.grad_compression_ratio
-        part = full / self.sz.grad_part / ratio
+        part = full / self.sz.grad_part / ratio * self.host_share
         yield from self._on_stream("grad_d2h", self.io.d2h(part, pinned=self.st.pin_memory, **meta))
         self.ledger.free("gpu", held)
         self.grad_slots.release(slot)
-        local_params = layer.params / self.sz.grad_part / ratio
+        local_params = layer.params / self.sz.grad_part / ratio * self.host_share
         hg = self.sz.host_grad_bytes_per_param
         last = mb == self.cfg.workload.training.grad_accumulation - 1
         if self.layerwise and last:  # the gradient stays in DRAM for the update that follows
@@ -370,15 +378,28 @@ class Engine:
             yield from self.io.collective(sz.param_bytes, 1.0, **meta)
 
     def _subgroups(self) -> list[float]:
-        local = self.sz.local_params
+        """Host-resident optimizer sub-groups (parameters each)."""
+        local = self.sz.local_params * self.host_share
         n = max(1, math.ceil(local / self.st.sub_group_params))
         return [local / n] * n
 
     def _cpu_step(self, iteration: int) -> Generator:
         groups = self._subgroups()
         order = self.hooks.group_order(iteration, len(groups))
-        pipeline = self.st.optimizer_swap_pipeline
+        on_gpu = self._plan_gpu_groups(iteration, groups, order)
+        side = self._start_gpu_side(iteration, groups, order, on_gpu)
+        order = [g for g in order if g not in on_gpu]
+        cpu_start = self.env.now
         writes: list[simpy.Process] = []
+        if order:
+            yield from self._cpu_groups(iteration, groups, order, writes)
+        self._observe_cpu(sum(groups[g] for g in order), self.env.now - cpu_start)
+        yield simpy.AllOf(self.env, writes + side)
+
+    def _cpu_groups(self, iteration: int, groups: list[float], order: list[int],
+                    writes: list[simpy.Process]) -> Generator:
+        """CPU Adam over ``order``'s sub-groups (read, update, write back, parameters home)."""
+        pipeline = self.st.optimizer_swap_pipeline
         reading = self.env.process(self._read_group(iteration, order[0], groups[order[0]]))
         for k, g in enumerate(order):
             params = groups[g]
@@ -396,7 +417,6 @@ class Engine:
                 yield write
                 if k + 1 < len(order):
                     reading = self.env.process(self._read_group(iteration, order[k + 1], groups[order[k + 1]]))
-        yield simpy.AllOf(self.env, writes)
 
     def _group_state_bytes(self, params: float) -> tuple[float, float]:
         """(bytes read from NVMe, bytes staged in pinned memory) for one sub-group."""
@@ -445,6 +465,108 @@ class Engine:
         elif home == "nvme":
             yield from self.io.nvme_write(nbytes, **meta)
 
+    # ---------------------------------------------------------------- optimizer on the GPU too
+    # Twin-Flow keeps a fixed share f of the state on the GPU; Deep Optimizer States streams
+    # some host-resident sub-groups to the GPU each step. Both run beside the CPU sub-group loop.
+    def _gpu_resident_state_bytes(self) -> float:
+        """GPU bytes of the Twin-Flow share: fp32 master params, moments and fp32 gradients."""
+        sz, f = self.sz, self.st.optimizer_gpu_fraction
+        grads = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
+        return f * (sz.local_params * sz.optimizer_bytes_per_param + grads)
+
+    def _gpu_adam_bytes_per_param(self) -> float:
+        """HBM bytes per parameter of GPU Adam (as :meth:`_gpu_step`), fp32 gradient read."""
+        sz = self.sz
+        return 2 * sz.optimizer_bytes_per_param + sz.host_grad_bytes_per_param + self.bpp_param
+
+    def _gpu_adam(self, iteration: int, params: float, name: str) -> Generator:
+        """GPU Adam over ``params``: HBM-bound on the GPU's compute stream."""
+        start = self.env.now
+        hbm_bytes = params * self._gpu_adam_bytes_per_param()
+        yield self.env.timeout(hbm_bytes / self.cfg.hardware.gpu.hbm_bytes_per_s)
+        self.rec.span(Span(iteration, "optimizer", "gpu", "optimizer", name, -1, start, self.env.now))
+
+    def _start_gpu_side(self, iteration: int, groups: list[float], order: list[int],
+                        on_gpu: set[int]) -> list[simpy.Process]:
+        """Start the GPU's part of the step: the resident share, then the streamed sub-groups."""
+        side: list[simpy.Process] = []
+        resident = self.sz.local_params * self.st.optimizer_gpu_fraction
+        if resident > 0:
+            side.append(self.env.process(self._resident_update(iteration, resident)))
+        if on_gpu:
+            buffers = simpy.Resource(self.env, capacity=self.split_plans[-1].buffers)
+            side += [self.env.process(self._stream_group(iteration, g, groups[g], buffers))
+                     for g in order if g in on_gpu]
+        return side
+
+    def _resident_update(self, iteration: int, params: float) -> Generator:
+        """Twin-Flow: GPU Adam over the GPU-resident share; its 16-bit params are cast in place."""
+        update = self._gpu_adam(iteration, params, "GPU Adam (GPU-resident share)")
+        yield from self._on_stream("gpu_opt", update)
+        if self.sz.dp > 1 and self.st.zero_stage in (1, 2):
+            meta = self._span_meta(iteration, "param_allgather", "GPU-updated params all-gather")
+            yield from self.io.collective(params * self.bpp_param * self.sz.dp, 1.0, **meta)
+
+    def _stream_group(self, iteration: int, g: int, params: float, buffers: simpy.Resource) -> Generator:
+        """Deep Optimizer States: one host sub-group updated on the GPU. Its fp32 state and
+        gradient go H2D into a GPU buffer, GPU Adam updates them, the state goes back D2H (and the
+        16-bit parameters too when they live on the host); H2D shares the link with the CPU
+        path's parameter uploads."""
+        sz, pinned = self.sz, self.st.pin_memory
+        state = params * sz.optimizer_bytes_per_param
+        buf = state + params * sz.host_grad_bytes_per_param
+        with buffers.request() as req:
+            yield req
+            self.ledger.alloc("gpu", buf, f"sub-group {g} optimizer state on the GPU")
+            meta = self._span_meta(iteration, "optimizer_h2d", f"sub-group {g} state to GPU")
+            yield from self._on_stream("opt_h2d", self.io.h2d(buf, pinned=pinned, **meta))
+            update = self._gpu_adam(iteration, params, f"GPU Adam sub-group {g}")
+            yield from self._on_stream("gpu_opt", update)
+            back = state + (params * self.bpp_param if self.st.placement.params != "gpu" else 0.0)
+            meta = self._span_meta(iteration, "optimizer_d2h", f"sub-group {g} state to host")
+            yield from self._on_stream("opt_d2h", self.io.d2h(back, pinned=pinned, **meta))
+            self.ledger.free("gpu", buf)
+        if self.sz.dp > 1 and self.st.zero_stage in (1, 2):
+            meta = self._span_meta(iteration, "param_allgather", f"sub-group {g} params all-gather")
+            yield from self.io.collective(params * self.bpp_param * self.sz.dp, 1.0, **meta)
+
+    def _plan_gpu_groups(self, iteration: int, groups: list[float], order: list[int]) -> set[int]:
+        """The sub-groups this step streams to the GPU (none unless ``optimizer_split`` is
+        ``perf-model``), from :func:`~offsim.plan.optimizer_split.plan_split`."""
+        if self.st.optimizer_split != "perf-model" or not groups:
+            return set()
+        pl = self.st.placement
+        hg, opt = self.sz.host_grad_bytes_per_param, self.sz.optimizer_bytes_per_param
+        b = SplitBytes(h2d_gpu=opt + hg, d2h_gpu=opt + (self.bpp_param if pl.params != "gpu" else 0.0),
+                       hbm_gpu=self._gpu_adam_bytes_per_param(),
+                       h2d_cpu=self.bpp_param if pl.params == "gpu" else 0.0, gpu_buffer=opt + hg)
+        if self.split_rates is None:
+            self.split_rates = self._profile_split_rates()
+        free = self.ledger.capacity["gpu"] - self.ledger.rank_bytes["gpu"]
+        plan = plan_split(len(groups), groups[0], self.split_rates, b, free,
+                          3 if self.st.optimizer_swap_pipeline else 1)
+        self.split_plans.append(plan)
+        return interleave(order, plan.gpu_groups)
+
+    def _profile_split_rates(self) -> SplitRates:
+        """Rates for the first split decision: the profile's (CPU Adam also bound by DRAM)."""
+        hw, n = self.cfg.hardware, self.sz.ranks_per_node
+        dram_bound = hw.dram.bandwidth_bytes_per_s / self._optimizer_dram_bytes_per_param()
+        cpu = min(hw.cpu.optimizer_params_per_s, dram_bound)
+        link = hw.host_link
+        kind = "pinned" if self.st.pin_memory else "pageable"
+        return SplitRates(cpu_params_per_s=cpu / n,
+                          h2d_bytes_per_s=getattr(link.h2d, kind).peak_bytes_per_s,
+                          d2h_bytes_per_s=getattr(link.d2h, kind).peak_bytes_per_s,
+                          hbm_bytes_per_s=hw.gpu.hbm_bytes_per_s, duplex_efficiency=link.duplex_efficiency)
+
+    def _observe_cpu(self, params: float, seconds: float) -> None:
+        """Carry the CPU's observed update rate (under the step's DRAM contention) into the next
+        split decision. Link rates stay the profile's: the model itself shares the link between
+        the two paths, and a single copy's observed rate would count that sharing twice."""
+        if self.split_rates is not None and params > 0 and seconds > 0:
+            self.split_rates = replace(self.split_rates, cpu_params_per_s=params / seconds)
+
     # ---------------------------------------------------------------- iterations
     def _allocate_static(self) -> None:
         sz, pl, st = self.sz, self.st.placement, self.st
@@ -457,9 +579,10 @@ class Engine:
         if pl.grads == "gpu":
             self.ledger.alloc("gpu", sz.grad_bytes / sz.grad_part, "grads")
         else:
-            g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
+            g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param * self.host_share
             self.ledger.alloc(_home_rank_tier(pl.grads, pinned), self._pinned_groups(g, pl.grads), "grads")
-        o = sz.local_params * sz.optimizer_bytes_per_param
+        o = sz.local_params * sz.optimizer_bytes_per_param * self.host_share
+        self.ledger.alloc("gpu", self._gpu_resident_state_bytes(), "optimizer state, fp32 grads on the GPU")
         self.ledger.alloc(_home_rank_tier(pl.optimizer_states, pinned), self._pinned_groups(o, pl.optimizer_states),
                           "optimizer state")
         if st.uses_nvme():

@@ -12,10 +12,17 @@ dram           DRAM bandwidth / ranks per node                             DMA, 
 memcpy         host copy bandwidth / ranks per node                        pageable staging, casts
 cpu            optimizer params/s / ranks per node                         CPU Adam
 nvme           1 / ranks per node (share of the array's time)              NVMe reads and writes
+pfs_read/write PFS node rate per direction / ranks per node                optimizer state striped
 gpu_link_tx/rx GPU-GPU link per direction                                  all-gather, reduce-scatter
 =============  =========================================================  ==================
 
 Every transfer is a generator for ``yield from``; it acquires a copy engine when it is a DMA.
+
+Optimizer-state transfers (kinds ``optimizer_swap_in``/``optimizer_swap_out``) may be striped
+over two storage paths at once (MLP-Offload, Maurya et al., SC 2025, arXiv 2509.02480): a share
+``strategy.pfs_share`` of each transfer's bytes goes to the parallel file system, the rest to
+NVMe, and the transfer ends when both parts have; ``strategy.io_concurrency`` caps how many such
+parts one rank keeps in flight on each path. With no share and no cap they are plain NVMe flows.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from offsim.engine.flows import FlowNetwork
 from offsim.plan.footprint import StateSizes
 
 _UNCAPPED = 1e30  # bytes/s: a flow limited only by the resources it uses
+#: flow kinds that carry optimizer state to and from storage (striped when pfs_share > 0)
+OPTIMIZER_IO_KINDS = ("optimizer_swap_in", "optimizer_swap_out")
 
 
 def resource_capacities(cfg: RunConfig, sz: StateSizes) -> dict[str, float]:
@@ -47,6 +56,9 @@ def resource_capacities(cfg: RunConfig, sz: StateSizes) -> dict[str, float]:
     }
     if hw.nvme is not None:
         cap["nvme"] = 1.0 / n
+    if hw.pfs is not None:
+        cap["pfs_read"] = hw.pfs.read_bytes_per_s / n
+        cap["pfs_write"] = hw.pfs.write_bytes_per_s / n
     topo = hw.topology
     sharers = min(topo.gpus_per_pcie_switch, n)
     if topo.switch_uplink_gb_per_s is not None and sharers > 1:
@@ -99,6 +111,13 @@ class Transfers:
         self.copy_engines = simpy.Resource(env, capacity=cfg.hardware.gpu.copy_engines)
         self.nvme_write_bytes_per_s = nvme_write_bytes_per_s
         self.has_switch = "switch_h2d" in net.capacity
+        st = cfg.strategy
+        # on a machine without a PFS the one remaining path (NVMe) takes every byte
+        self.pfs_share = st.pfs_share if cfg.hardware.pfs is not None else 0.0
+        cap = st.io_concurrency
+        self.io_slots: dict[str, simpy.Resource] = {}
+        if cap is not None:
+            self.io_slots = {path: simpy.Resource(env, capacity=cap) for path in ("nvme", "pfs")}
 
     def _dma(self, direction: str, nbytes: float, pinned: bool, meta: dict[str, Any]) -> Generator:
         link = self.cfg.hardware.host_link
@@ -128,18 +147,64 @@ class Transfers:
         return nbytes / (nv.latency_s + nbytes / array_rate)
 
     def nvme_read(self, nbytes: float, **meta: Any) -> Generator:
-        """NVMe -> host memory read of ``nbytes`` (libaio into pinned buffers)."""
-        nv = self.cfg.hardware.nvme
-        assert nv is not None
-        rate = nv.read_bytes_per_s
-        usage = {"nvme": 1.0 / rate, "dram": 1.0}
-        yield self.net.start(nbytes, usage, self._nvme_cap(nbytes, rate), {**meta, "resource": "nvme_read"})
+        """NVMe -> host memory read of ``nbytes`` (libaio into pinned buffers); optimizer state
+        goes through the storage paths (:meth:`_storage_io`)."""
+        if self._multi_path(meta):
+            yield from self._storage_io("read", nbytes, meta)
+            return
+        yield from self._nvme_flow("read", nbytes, meta)
 
     def nvme_write(self, nbytes: float, **meta: Any) -> Generator:
-        """Host memory -> NVMe write of ``nbytes``."""
-        rate = self.nvme_write_bytes_per_s
+        """Host memory -> NVMe write of ``nbytes``; optimizer state goes through the storage
+        paths (:meth:`_storage_io`)."""
+        if self._multi_path(meta):
+            yield from self._storage_io("write", nbytes, meta)
+            return
+        yield from self._nvme_flow("write", nbytes, meta)
+
+    def _nvme_flow(self, direction: str, nbytes: float, meta: dict[str, Any]) -> Generator:
+        nv = self.cfg.hardware.nvme
+        assert nv is not None  # RunConfig refuses nvme placement without an nvme block
+        rate = nv.read_bytes_per_s if direction == "read" else self.nvme_write_bytes_per_s
         usage = {"nvme": 1.0 / rate, "dram": 1.0}
-        yield self.net.start(nbytes, usage, self._nvme_cap(nbytes, rate), {**meta, "resource": "nvme_write"})
+        cap = self._nvme_cap(nbytes, rate)
+        yield self.net.start(nbytes, usage, cap, {**meta, "resource": f"nvme_{direction}"})
+
+    def _pfs_flow(self, direction: str, nbytes: float, meta: dict[str, Any]) -> Generator:
+        """One PFS transfer: alone it reaches the node's rate (less the request latency); the
+        node's ranks share ``pfs_read``/``pfs_write``."""
+        pfs = self.cfg.hardware.pfs
+        assert pfs is not None  # pfs_share is 0 without a pfs block
+        rate = pfs.read_bytes_per_s if direction == "read" else pfs.write_bytes_per_s
+        cap = nbytes / (pfs.latency_s + nbytes / rate)
+        resource = f"pfs_{direction}"
+        yield self.net.start(nbytes, {resource: 1.0, "dram": 1.0}, cap, {**meta, "resource": resource})
+
+    def _multi_path(self, meta: dict[str, Any]) -> bool:
+        """True when this transfer is optimizer state and striping or a concurrency cap applies."""
+        return (self.pfs_share > 0 or bool(self.io_slots)) and meta.get("kind") in OPTIMIZER_IO_KINDS
+
+    def storage_split(self, nbytes: float) -> dict[str, float]:
+        """Bytes of one optimizer-state transfer on each storage path (``nvme``, ``pfs``)."""
+        pfs = nbytes * self.pfs_share
+        return {"nvme": nbytes - pfs, "pfs": pfs}
+
+    def _storage_io(self, direction: str, nbytes: float, meta: dict[str, Any]) -> Generator:
+        """Optimizer state striped over NVMe and the PFS: both parts run at once, each under
+        its path's concurrency cap; done when the slower part is."""
+        parts = [(path, b) for path, b in self.storage_split(nbytes).items() if b > 0]
+        procs = [self.env.process(self._on_path(path, direction, b, meta)) for path, b in parts]
+        yield simpy.AllOf(self.env, procs)
+
+    def _on_path(self, path: str, direction: str, nbytes: float, meta: dict[str, Any]) -> Generator:
+        flow = self._nvme_flow if path == "nvme" else self._pfs_flow
+        slots = self.io_slots.get(path)
+        if slots is None:
+            yield from flow(direction, nbytes, meta)
+            return
+        with slots.request() as req:
+            yield req
+            yield from flow(direction, nbytes, meta)
 
     def host_copy(self, dram_bytes: float, **meta: Any) -> Generator:
         """A host-side copy or cast that touches ``dram_bytes`` of DRAM (reads plus writes)."""
@@ -156,6 +221,8 @@ class Transfers:
         ``factor`` is 1 for all-gather and reduce-scatter, 2 for all-reduce (Patarasuk & Yuan,
         "Bandwidth optimal all-reduce algorithms", JPDC 2009).
         """
+        if self.cfg.strategy.replicated_param_swap:
+            return  # per-GPU swapping has no GPU-to-GPU path: each rank's full gradient is summed in host memory
         dp = self.sz.dp
         nbytes = factor * (dp - 1) / dp * nbytes_full
         rate = self.net.capacity["gpu_link_tx"]

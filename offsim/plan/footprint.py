@@ -70,13 +70,23 @@ def state_sizes(cfg: RunConfig) -> StateSizes:
         params_total=p_total,
         param_bytes=p_total * DTYPE_BYTES[pr.params],
         grad_bytes=p_total * DTYPE_BYTES[pr.grads],
-        host_grad_bytes_per_param=DTYPE_BYTES[pr.optimizer_grads],
+        host_grad_bytes_per_param=_host_grad_bytes_per_param(cfg),
         optimizer_bytes_per_param=opt_bpp,
         param_part=dp if st.zero_stage >= 3 else 1,
         grad_part=dp if st.zero_stage >= 2 else 1,
         opt_part=dp if st.zero_stage >= 1 else 1,
         layers=tuple(build_layers(wl, hw.gpu)),
     )
+
+
+def _host_grad_bytes_per_param(cfg: RunConfig) -> float:
+    """Bytes per gradient element once offloaded: the optimizer's format (fp32), or the 16-bit
+    training format when the fp32 conversion is delayed to the update (MLP-Offload, arXiv
+    2509.02480: fewer bytes kept in host memory or written to and read from storage)."""
+    pr = cfg.workload.precision
+    if cfg.strategy.delayed_grad_conversion:
+        return DTYPE_BYTES[pr.grads]
+    return DTYPE_BYTES[pr.optimizer_grads]
 
 
 @dataclass(frozen=True)
@@ -117,10 +127,28 @@ def _static_states(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float
         _add(bd, "gpu", "grads (16-bit)", sz.grad_bytes / sz.grad_part)
     else:
         g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
-        _add(bd, _home_tier(pl.grads, pin), "grads (optimizer format)", _rounded_groups(g, cfg, alloc, pl.grads, pin))
+        _add(bd, _home_tier(pl.grads, pin), "grads (optimizer format)",
+             _rounded_groups(g * (1.0 - st.optimizer_gpu_fraction), cfg, alloc, pl.grads, pin))
+        _add(bd, "gpu", "grads (optimizer format) of the GPU-updated share", g * st.optimizer_gpu_fraction)
     o = sz.local_params * sz.optimizer_bytes_per_param
     _add(bd, _home_tier(pl.optimizer_states, pin), "optimizer state",
-         _rounded_groups(o, cfg, alloc, pl.optimizer_states, pin))
+         _rounded_groups(o * (1.0 - st.optimizer_gpu_fraction), cfg, alloc, pl.optimizer_states, pin))
+    _add(bd, "gpu", "optimizer state of the GPU-updated share", o * st.optimizer_gpu_fraction)
+
+
+def _gpu_optimizer_buffers(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
+    """Deep Optimizer States: host sub-groups streamed to the GPU for the update, up to three in
+    flight (read, update, write back), in the GPU memory the rest leaves free (the engine's
+    performance model sends none when not one fits, so this never makes a plan infeasible)."""
+    st = cfg.strategy
+    if st.optimizer_split != "perf-model":
+        return
+    group = min(st.sub_group_params, sz.local_params * (1.0 - st.optimizer_gpu_fraction))
+    per_group = group * (sz.optimizer_bytes_per_param + sz.host_grad_bytes_per_param)
+    in_flight = 3 if st.optimizer_swap_pipeline else 1
+    free = cfg.hardware.gpu.memory_bytes - sum(bd["gpu"].values())
+    fit = max(0, min(in_flight, int(free // per_group))) if per_group > 0 else 0
+    _add(bd, "gpu", "optimizer sub-groups streamed to the GPU", fit * per_group)
 
 
 def _rounded_groups(nbytes: float, cfg: RunConfig, alloc: str, home: str, pinned: bool) -> float:
@@ -224,6 +252,7 @@ def footprint(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
     _add(bd, "gpu", "reserved (CUDA context, allocator)", cfg.hardware.gpu.reserved_bytes)
     _static_states(cfg, sz, bd)
     _gpu_dynamic(cfg, sz, bd)
+    _gpu_optimizer_buffers(cfg, sz, bd)
     _host_dynamic(cfg, sz, bd)
     per_rank = {t: sum(bd[t].values()) for t in TIERS}
     need = {

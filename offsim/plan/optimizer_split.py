@@ -1,0 +1,137 @@
+"""How many optimizer sub-groups to update on the GPU: Deep Optimizer States' performance model.
+
+Deep Optimizer States (Maurya et al., Middleware 2024, arXiv 2410.21316) keeps the fp32 optimizer
+state on the host and, per iteration, streams some sub-groups to the GPU (master params, moments
+and the fp32 gradient over H2D), updates them there and streams the state back (D2H), while the
+CPU updates the other sub-groups concurrently. The split weighs data movement against the CPU's
+and the GPU's update speed and the contention for the shared PCIe link: the CPU path also sends
+each updated sub-group's 16-bit parameters H2D.
+
+Pure planning, no SimPy: the engine calls :func:`plan_split` at each step with the rates it
+observed in the previous iteration (the profile's rates at the first one) and the GPU memory
+left free after backward.
+
+The step of ``n`` GPU sub-groups out of ``N`` of ``P`` parameters each is estimated as the busiest
+of the concurrent resources plus the tail of the last GPU sub-group (its update and copy back):
+
+* CPU: ``(N - n) P / cpu_rate``
+* H2D: ``(n P h2d_gpu + (N - n) P h2d_cpu) / h2d_rate``
+* D2H: ``n P d2h_gpu / d2h_rate``
+* HBM: ``n P hbm_gpu / hbm_rate``
+
+with both PCIe directions derated by the link's duplex efficiency when both are busy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SplitRates:
+    """Rates the split is planned with (observed or from the hardware profile).
+
+    Attributes:
+        cpu_params_per_s: CPU Adam parameters per second (under the DRAM traffic of the step).
+        h2d_bytes_per_s: host -> GPU copy rate.
+        d2h_bytes_per_s: GPU -> host copy rate.
+        hbm_bytes_per_s: GPU memory bandwidth (GPU Adam is memory-bound).
+        duplex_efficiency: fraction of each direction's rate kept when both are busy.
+    """
+
+    cpu_params_per_s: float
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    hbm_bytes_per_s: float
+    duplex_efficiency: float = 1.0
+
+
+@dataclass(frozen=True)
+class SplitBytes:
+    """Bytes per parameter moved or touched on each path.
+
+    Attributes:
+        h2d_gpu: host -> GPU per parameter updated on the GPU (fp32 master, moments, gradient).
+        d2h_gpu: GPU -> host per parameter updated on the GPU (the updated state, plus the
+            16-bit parameter when parameters live on the host).
+        hbm_gpu: HBM bytes per parameter of GPU Adam.
+        h2d_cpu: host -> GPU per parameter updated on the CPU (its 16-bit parameter when
+            parameters live on the GPU, else 0).
+        gpu_buffer: GPU bytes one sub-group's state occupies while it is on the GPU, per parameter.
+    """
+
+    h2d_gpu: float
+    d2h_gpu: float
+    hbm_gpu: float
+    h2d_cpu: float
+    gpu_buffer: float
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """The decision for one iteration.
+
+    Attributes:
+        gpu_groups: sub-groups updated on the GPU.
+        buffers: GPU sub-group buffers in flight at once (0 when nothing goes to the GPU).
+        predicted_step_s: the model's step estimate for that choice.
+        cpu_only_step_s: the model's estimate with every sub-group on the CPU.
+    """
+
+    gpu_groups: int
+    buffers: int
+    predicted_step_s: float
+    cpu_only_step_s: float
+
+
+def estimate_step_s(n_gpu: int, n_groups: int, group_params: float, rates: SplitRates,
+                    b: SplitBytes) -> float:
+    """Estimated optimizer step, seconds, with ``n_gpu`` of ``n_groups`` sub-groups on the GPU."""
+    n_cpu = n_groups - n_gpu
+    h2d_bytes = group_params * (n_gpu * b.h2d_gpu + n_cpu * b.h2d_cpu)
+    d2h_bytes = group_params * n_gpu * b.d2h_gpu
+    duplex = rates.duplex_efficiency if h2d_bytes > 0 and d2h_bytes > 0 else 1.0
+    busiest = max(
+        n_cpu * group_params / rates.cpu_params_per_s,
+        h2d_bytes / (rates.h2d_bytes_per_s * duplex),
+        d2h_bytes / (rates.d2h_bytes_per_s * duplex),
+        n_gpu * group_params * b.hbm_gpu / rates.hbm_bytes_per_s,
+    )
+    if n_gpu == 0:
+        return busiest
+    # the last GPU sub-group still updates and returns after the link has sent it
+    tail = group_params * (b.hbm_gpu / rates.hbm_bytes_per_s + b.d2h_gpu / rates.d2h_bytes_per_s)
+    return busiest + tail
+
+
+def gpu_buffers(free_gpu_bytes: float, group_params: float, b: SplitBytes, max_buffers: int) -> int:
+    """Sub-group buffers that fit in the GPU memory left free after backward (at most ``max_buffers``)."""
+    per_group = group_params * b.gpu_buffer
+    if per_group <= 0:
+        return max_buffers
+    return max(0, min(max_buffers, int(free_gpu_bytes // per_group)))
+
+
+def plan_split(n_groups: int, group_params: float, rates: SplitRates, b: SplitBytes,
+               free_gpu_bytes: float, max_buffers: int = 3) -> SplitPlan:
+    """Pick how many sub-groups go to the GPU this iteration (the fastest estimate; ties go to
+    fewer GPU sub-groups). None go when not one sub-group's state fits in free GPU memory."""
+    cpu_only = estimate_step_s(0, n_groups, group_params, rates, b)
+    buffers = gpu_buffers(free_gpu_bytes, group_params, b, max_buffers)
+    if buffers == 0 or n_groups == 0:
+        return SplitPlan(0, 0, cpu_only, cpu_only)
+    best_n, best_s = 0, cpu_only
+    for n in range(1, n_groups + 1):
+        s = estimate_step_s(n, n_groups, group_params, rates, b)
+        if s < best_s * (1 - 1e-9):
+            best_n, best_s = n, s
+    return SplitPlan(best_n, min(buffers, best_n), best_s, cpu_only)
+
+
+def interleave(order: list[int], n_gpu: int) -> set[int]:
+    """The sub-groups of ``order`` sent to the GPU: ``n_gpu`` of them spread evenly through the
+    order, so GPU and CPU work on alternating stretches of the model (DOS's interleaving)."""
+    n = len(order)
+    if n_gpu <= 0:
+        return set()
+    return {order[min(n - 1, (k * n) // n_gpu)] for k in range(n_gpu)}

@@ -1,0 +1,344 @@
+"""ProTrain's automatic configuration search, with offsim as the cost model.
+
+ProTrain (Yang et al., arXiv 2406.08334, "ProTrain: Efficient LLM Training via Automatic Memory
+Management") reduces memory management to a few knobs and picks them by an exhaustive search
+over cost models, pruned by memory: ``n_persist`` chunks of model state stay on the GPU, the
+others live in CPU memory and are prefetched into ``n_buffer`` chunk buffers; ``n_swap``
+transformer blocks swap their activations to the CPU, ``n_checkpoint`` blocks recompute them,
+the rest keep them in HBM.
+
+How the knobs map onto offsim (a chunk is one layer here; ProTrain packs parameters into
+fixed-size chunks in execution order):
+
+* persistent chunks: ``policies.eviction = {kind: static, keep_first: n_persist}``; a kept layer is
+  fetched once per iteration and stays for every later forward and backward of the iteration.
+  ProTrain also keeps the persistent chunks' gradients and optimizer state on the GPU and
+  updates them with a GPU Adam; this search does not use offsim's GPU/CPU optimizer split
+  (``optimizer_gpu_fraction``, after-backward steps only), so every layer's gradients go to the
+  CPU and the CPU updates all parameters (the updated copy of a persistent layer comes back once
+  per iteration, which is the one fetch counted), while the fit check charges the persistent
+  chunks' GPU-resident gradients and optimizer state. This understates ProTrain's gain when
+  the CPU step is the bottleneck.
+* chunk buffers and prefetch: ``prefetch_depth`` layers ahead (lookahead), within a GPU
+  parameter budget of the persistent layers plus ``prefetch_depth + 1`` of the largest layer.
+* block-wise activations: ``policies.activations = {kind: per-block, offload: n_swap,
+  recompute: n_checkpoint, tier: cpu}`` (the first blocks swap: backward reaches them last).
+* CPU step: ``overlap_cpu_step`` runs each layer's CPU Adam as soon as its gradients reach the
+  host (``optimizer_schedule: layerwise``) instead of after backward; both are searched.
+
+The search: every candidate is first checked by the plan's closed-form fit
+(:func:`offsim.plan.footprint.check_fit`; a miss is infeasible with the tier and the bytes) and
+given the closed-form lower bound of :func:`offsim.sweep.prefilter.time_lower_bound`. Feasible
+candidates are simulated in increasing order of their bound, starting from the base strategy as
+the incumbent; a candidate whose bound is no better than the best simulated time is pruned
+(branch and bound: it cannot win). The best is therefore the fastest of the whole grid and never
+slower than the base.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from offsim.config.base import Provenance
+from offsim.config.hardware import HardwareProfile
+from offsim.config.loading import load_strategy
+from offsim.config.run import RunConfig, make_run_config
+from offsim.config.strategy import Strategy
+from offsim.config.workload import Workload
+from offsim.engine.run import simulate
+from offsim.errors import OffsimError
+from offsim.plan.footprint import check_fit, state_sizes
+from offsim.sweep.prefilter import time_lower_bound
+from offsim.units import GiB
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Status = Literal["ok", "infeasible", "pruned"]
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """One ProTrain configuration (module docstring for the mapping).
+
+    Attributes:
+        persistent_layers: layers whose parameters stay on the GPU for the whole iteration
+            (ProTrain ``n_persist``, counted in layers from the embedding on).
+        prefetch_depth: layers fetched ahead of the one computing (ProTrain ``n_buffer`` - 1).
+        swap_blocks: transformer blocks that swap their activations to CPU memory (``n_swap``).
+        recompute_blocks: blocks that recompute their activations in backward (``n_checkpoint``).
+        overlap_cpu_step: CPU Adam per layer during backward (else after backward).
+    """
+
+    persistent_layers: int
+    prefetch_depth: int
+    swap_blocks: int
+    recompute_blocks: int
+    overlap_cpu_step: bool
+
+    @property
+    def label(self) -> str:
+        """A short human-readable name."""
+        step = "cpu step overlapped" if self.overlap_cpu_step else "cpu step after backward"
+        return (f"persist {self.persistent_layers}, prefetch {self.prefetch_depth}, swap {self.swap_blocks}, "
+                f"recompute {self.recompute_blocks}, {step}")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The values tried per knob; layer and block counts are fractions of the model's.
+
+    Attributes:
+        persistent_fractions: shares of the layers kept persistent.
+        prefetch_depths: prefetch depths, layers.
+        block_fractions: shares of the blocks for swap and for recompute (pairs whose sum
+            exceeds all blocks are skipped).
+        overlap_cpu_step: CPU-step schedules tried.
+    """
+
+    persistent_fractions: tuple[float, ...] = (0.0, 0.125, 0.25, 0.5, 1.0)
+    prefetch_depths: tuple[int, ...] = (1, 2, 4)
+    block_fractions: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    overlap_cpu_step: tuple[bool, ...] = (False, True)
+
+    @classmethod
+    def named(cls, name: str) -> Grid:
+        """``small`` (72 points at most, for tests and quick looks) or ``default``."""
+        if name == "small":
+            return cls((0.0, 0.25, 1.0), (1, 2), (0.0, 0.5, 1.0), (False, True))
+        if name == "default":
+            return cls()
+        raise OffsimError(f"unknown search grid '{name}'; valid grids: small, default")
+
+    def knobs(self, n_layers: int, n_blocks: int) -> Iterator[Knobs]:
+        """Every distinct candidate for a model of ``n_layers`` layers, ``n_blocks`` blocks."""
+        persist = sorted({round(f * n_layers) for f in self.persistent_fractions})
+        blocks = sorted({round(f * n_blocks) for f in self.block_fractions})
+        for p in persist:
+            for d in sorted(set(self.prefetch_depths)):
+                for s in blocks:
+                    for r in (r for r in blocks if s + r <= n_blocks):
+                        for o in sorted(set(self.overlap_cpu_step)):
+                            yield Knobs(p, d, s, r, o)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated configuration.
+
+    Attributes:
+        label: the knobs in words, or ``base: <name>``.
+        knobs: the knobs (None for the base strategy).
+        status: ``ok`` (simulated), ``infeasible`` (does not fit, or a policy failed) or
+            ``pruned`` (its lower bound is no better than the best simulated time).
+        reason: why it is infeasible or pruned; empty when ``ok``.
+        lower_bound_s: closed-form lower bound on the iteration time, seconds.
+        iteration_time_s: simulated steady iteration time, seconds (``ok`` only).
+        tokens_per_s: simulated throughput (``ok`` only).
+        peak_gpu_bytes: simulated peak GPU memory per GPU (``ok`` only).
+        strategy: the strategy evaluated.
+    """
+
+    label: str
+    knobs: Knobs | None
+    status: Status
+    reason: str
+    lower_bound_s: float | None
+    iteration_time_s: float | None
+    tokens_per_s: float | None
+    peak_gpu_bytes: float | None
+    strategy: Strategy = field(repr=False)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The search's choice, the base it is measured against, and every candidate."""
+
+    best: Candidate
+    base: Candidate
+    candidates: list[Candidate]
+
+    @property
+    def speedup(self) -> float | None:
+        """Base iteration time over the best's (None when the base does not fit)."""
+        if self.base.iteration_time_s is None or self.best.iteration_time_s is None:
+            return None
+        return self.base.iteration_time_s / self.best.iteration_time_s
+
+    def table(self) -> pd.DataFrame:
+        """One row per candidate (the base first), knobs as columns."""
+        import pandas as pd
+
+        rows = []
+        for c in self.candidates:
+            k = c.knobs
+            rows.append({"label": c.label, "status": c.status, "reason": c.reason,
+                         "persistent_layers": None if k is None else k.persistent_layers,
+                         "prefetch_depth": None if k is None else k.prefetch_depth,
+                         "swap_blocks": None if k is None else k.swap_blocks,
+                         "recompute_blocks": None if k is None else k.recompute_blocks,
+                         "overlap_cpu_step": None if k is None else k.overlap_cpu_step,
+                         "lower_bound_s": c.lower_bound_s, "iteration_time_s": c.iteration_time_s,
+                         "tokens_per_s": c.tokens_per_s, "peak_gpu_bytes": c.peak_gpu_bytes,
+                         "best": c is self.best})
+        return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- knobs -> strategy
+def _layer_bytes(cfg: RunConfig) -> list[float]:
+    """Gathered 16-bit parameter bytes of each layer on one GPU."""
+    sz = state_sizes(cfg)
+    return [lay.params * sz.param_bytes / sz.params_total for lay in sz.layers]
+
+
+def param_budget_gib(knobs: Knobs, layer_bytes: list[float]) -> float:
+    """GPU parameter budget, GiB: the persistent layers plus ``prefetch_depth + 1`` chunk
+    buffers of the largest layer (ProTrain's ``n_buffer``), at most the whole model."""
+    kept = sum(layer_bytes[: knobs.persistent_layers])
+    buffers = (knobs.prefetch_depth + 1) * max(layer_bytes)
+    return min(sum(layer_bytes), kept + buffers) / GiB
+
+
+def apply_knobs(base: Strategy, knobs: Knobs, layer_bytes: list[float], name: str = "protrain") -> Strategy:
+    """ProTrain's strategy for ``knobs``: ZeRO-3 with parameters, gradients and optimizer state
+    in (pinned, as ``base`` says) CPU memory and a CPU optimizer; fields ProTrain does not set
+    (sub-group size, pinning, allocator, reuse distance, buckets) come from ``base``."""
+    d = base.model_dump()
+    d.update(
+        name=name, zero_stage=3, optimizer_device="cpu", delayed_param_update=False,
+        placement={"params": "cpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"},
+        prefetch_depth=knobs.prefetch_depth, activation_checkpointing=None,
+        grad_compression_ratio=1.0, grad_compression_flop_per_param=0.0,
+        optimizer_schedule="layerwise" if knobs.overlap_cpu_step else "after-backward",
+    )
+    d["policies"].update(
+        eviction={"kind": "static", "keep_first": knobs.persistent_layers, "then": "reuse-distance"},
+        prefetch={"kind": "lookahead"},
+        activations={"kind": "per-block", "offload": knobs.swap_blocks, "recompute": knobs.recompute_blocks,
+                     "tier": "cpu"},
+        gpu_param_buffer_gib=param_budget_gib(knobs, layer_bytes),
+    )
+    return Strategy.model_validate(d)
+
+
+# ---------------------------------------------------------------- evaluation
+def persistent_state_bytes(cfg: RunConfig, knobs: Knobs) -> float:
+    """GPU bytes ProTrain adds for the persistent chunks' gradients and optimizer state (fp32
+    master and moments), which it keeps on the GPU; offsim's engine does not place them there
+    (module docstring), so the search charges them in its own fit check."""
+    sz = state_sizes(cfg)
+    params = sum(lay.params for lay in sz.layers[: knobs.persistent_layers])
+    per_param = sz.grad_bytes / sz.params_total + sz.optimizer_bytes_per_param
+    return params * per_param
+
+
+def _bound(cfg: RunConfig, knobs: Knobs | None = None) -> tuple[float | None, str]:
+    """(lower bound, '') when the plan fits, else (None, the reason)."""
+    sz = state_sizes(cfg)
+    try:
+        fp = check_fit(cfg, sz)
+    except OffsimError as exc:
+        return None, str(exc)
+    extra = 0.0 if knobs is None else persistent_state_bytes(cfg, knobs)
+    need, cap = fp.need_bytes["gpu"] + extra, fp.capacity_bytes["gpu"]
+    if extra > 0 and need > cap:
+        kept = f"the persistent chunks' gradients and optimizer state {extra / GiB:.2f} GiB stay on the GPU"
+        return None, f"gpu memory: needs {need / GiB:.2f} GiB but has {cap / GiB:.2f} GiB (per GPU; {kept})"
+    return time_lower_bound(cfg, sz).seconds, ""
+
+
+def _simulated(label: str, knobs: Knobs | None, cfg: RunConfig, bound: float | None) -> Candidate:
+    """Simulate ``cfg``; a policy failure or a misfit becomes an infeasible candidate."""
+    try:
+        m = simulate(cfg).metrics
+    except OffsimError as exc:
+        return Candidate(label, knobs, "infeasible", str(exc), bound, None, None, None, cfg.strategy)
+    if not m.feasible:
+        return Candidate(label, knobs, "infeasible", m.infeasible_reason or "", bound, None, None, None,
+                         cfg.strategy)
+    return Candidate(label, knobs, "ok", "", bound, m.iteration_time_s, m.tokens_per_s, m.peak_bytes.gpu,
+                     cfg.strategy)
+
+
+def _planned(hw: HardwareProfile, wl: Workload, base: Strategy, grid: Grid, iterations: int,
+             warmup: int) -> list[tuple[Knobs, RunConfig | None, float | None, str]]:
+    """Every grid point with its run config and lower bound, or the reason it cannot run."""
+    cfg0 = make_run_config(hw, wl, base, iterations=iterations, warmup_iterations=warmup)
+    layer_bytes = _layer_bytes(cfg0)
+    layers = state_sizes(cfg0).layers
+    out: list[tuple[Knobs, RunConfig | None, float | None, str]] = []
+    for k in grid.knobs(len(layers), sum(lay.is_block for lay in layers)):
+        try:
+            cfg = make_run_config(hw, wl, apply_knobs(base, k, layer_bytes), iterations=iterations,
+                                  warmup_iterations=warmup)
+        except (OffsimError, ValueError) as exc:
+            out.append((k, None, None, str(exc)))
+            continue
+        bound, reason = _bound(cfg, k)
+        out.append((k, cfg, bound, reason))
+    return out
+
+
+def _resolve(hardware: str | HardwareProfile, workload: str | Workload,
+             base: str | Strategy) -> tuple[HardwareProfile, Workload, Strategy]:
+    from offsim.config.loading import load_profile, load_workload
+
+    hw = hardware if isinstance(hardware, HardwareProfile) else load_profile(hardware)
+    wl = workload if isinstance(workload, Workload) else load_workload(workload)
+    st = base if isinstance(base, Strategy) else load_strategy(base)
+    return hw, wl, st
+
+
+def search(hardware: str | HardwareProfile, workload: str | Workload,
+           base: str | Strategy = "zero-infinity-cpu", grid: Grid | str = "default", *,
+           iterations: int = 3, warmup: int = 1) -> SearchResult:
+    """Find the fastest ProTrain configuration of ``grid`` for a profile and workload.
+
+    The base strategy is simulated first as the incumbent; then the grid, checked for fit,
+    bounded below in closed form, and simulated in order of the bound with branch-and-bound
+    pruning (module docstring). Returns the best candidate (the base when nothing beats it),
+    the base, and every candidate with its status and reason.
+    """
+    hw, wl, st = _resolve(hardware, workload, base)
+    grid = Grid.named(grid) if isinstance(grid, str) else grid
+    base_cfg = make_run_config(hw, wl, st, iterations=iterations, warmup_iterations=warmup)
+    base_c = _simulated(f"base: {st.name}", None, base_cfg, _bound(base_cfg)[0])
+    best = base_c if base_c.status == "ok" else None
+    out: list[Candidate] = [base_c]
+    planned = _planned(hw, wl, st, grid, iterations, warmup)
+    for k, cfg, bound, reason in sorted(planned, key=lambda p: math.inf if p[2] is None else p[2]):
+        if cfg is None or bound is None:
+            strategy = cfg.strategy if cfg is not None else st
+            out.append(Candidate(k.label, k, "infeasible", reason, None, None, None, None, strategy))
+        elif best is not None and best.iteration_time_s is not None and bound >= best.iteration_time_s:
+            why = f"lower bound {bound:.4g} s >= best simulated {best.iteration_time_s:.4g} s"
+            out.append(Candidate(k.label, k, "pruned", why, bound, None, None, None, cfg.strategy))
+        else:
+            c = _simulated(k.label, k, cfg, bound)
+            out.append(c)
+            if c.status == "ok" and (best is None or _faster(c, best)):
+                best = c
+    if best is None:
+        raise OffsimError(f"no feasible configuration: the base ({base_c.reason}) and all {len(planned)} "
+                          "ProTrain candidates are infeasible")
+    return SearchResult(best, base_c, out)
+
+
+def _faster(a: Candidate, b: Candidate) -> bool:
+    return (a.iteration_time_s or math.inf) < (b.iteration_time_s or math.inf)
+
+
+def tuned_strategy(result: SearchResult, hardware: str, workload: str,
+                   name: str = "protrain-tuned") -> Strategy:
+    """The chosen strategy under its own name, with a provenance block naming the search."""
+    best = result.best.strategy
+    source = (f"offsim tune: ProTrain knob search (Yang et al., arXiv 2406.08334) on {hardware} / "
+              f"{workload}, base {result.base.strategy.name}; chosen: {result.best.label}")
+    notes = "chosen by offsim's own simulation (offsim.search.protrain); see its module docstring"
+    prov = Provenance(kind="derived", source=source, date=datetime.date.today().isoformat(), notes=notes)
+    about = f"ProTrain configuration tuned by offsim: {result.best.label}"
+    return best.model_copy(update={"name": name, "provenance": prov, "description": about})

@@ -1,0 +1,181 @@
+"""Deep Optimizer States (Maurya et al., Middleware 2024, arXiv 2410.21316) and DeepSpeed
+ZeRO-Offload++ Twin-Flow: the optimizer step split between the GPU and the CPU.
+
+Mechanism tests are hand-checkable (bytes scale with 1 - f, memory with f, the split model's
+choices at its extremes); the headline test compares DOS with the vanilla DeepSpeed ZeRO-3
+CPU-optimizer run of the DOS artifact's sample logs, with the citation beside the numbers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from offsim import load_strategy, make_run_config, simulate
+from offsim.config.strategy import Strategy
+from offsim.metrics import RunMetrics
+from offsim.plan.optimizer_split import SplitBytes, SplitRates, estimate_step_s, interleave, plan_split
+
+HW = "a100-80gb-pcie4"  # EPYC 7543P host, AVX2 CPU-Adam, 512 GiB: as the DOS sample logs show
+WL = "dos-7b"           # the sample logs' model, 5,948,837,888 parameters
+
+
+def strategy(preset: str, **update) -> Strategy:
+    st = load_strategy(preset)
+    return Strategy.model_validate({**st.model_dump(), **update})
+
+
+def run(strategy_: Strategy | str, hardware: str = HW, workload: str = WL) -> RunMetrics:
+    m = simulate(make_run_config(hardware, workload, strategy_)).metrics
+    assert m.feasible, m.infeasible_reason
+    return m
+
+
+def vanilla() -> Strategy:
+    """The artifact's vanilla DeepSpeed run: the same ds_config with DOS's switches off
+    (prefetch_optimizer 0, part_grads_async 0): blocking gradient flushes, CPU-only step."""
+    return strategy("deep-optimizer-states", name="dos-vanilla-deepspeed", optimizer_split="fixed",
+                    overlap_grad_offload=False)
+
+
+# ---------------------------------------------------------------- the split model (pure)
+BYTES = SplitBytes(h2d_gpu=16.0, d2h_gpu=12.0, hbm_gpu=30.0, h2d_cpu=2.0, gpu_buffer=16.0)
+RATES = SplitRates(cpu_params_per_s=1e9, h2d_bytes_per_s=16e9, d2h_bytes_per_s=16e9, hbm_bytes_per_s=1e12)
+
+
+def test_cpu_only_estimate_is_the_cpu_time() -> None:
+    """10 groups of 1e8 params at 1e9 params/s: 1 s on the CPU; their 2-byte params take 0.125 s H2D."""
+    assert estimate_step_s(0, 10, 1e8, RATES, BYTES) == pytest.approx(1.0)
+
+
+def test_split_model_extremes() -> None:
+    """No GPU memory: nothing goes to the GPU. A CPU far faster than PCIe: nothing either. A
+    CPU far slower: nearly everything, and the estimate is below the CPU-only one."""
+    assert plan_split(10, 1e8, RATES, BYTES, free_gpu_bytes=0.0).gpu_groups == 0
+    fast = SplitRates(1e13, 16e9, 16e9, 1e12)
+    assert plan_split(10, 1e8, fast, BYTES, free_gpu_bytes=1e12).gpu_groups == 0
+    slow = SplitRates(1e6, 16e9, 16e9, 1e12)
+    plan = plan_split(10, 1e8, slow, BYTES, free_gpu_bytes=1e12)
+    assert plan.gpu_groups >= 9 and plan.predicted_step_s < plan.cpu_only_step_s
+    assert 1 <= plan.buffers <= 3
+
+
+def test_split_model_balances_cpu_and_link() -> None:
+    """CPU 1 s/group-set vs 1 ns/param over PCIe: a share x on the GPU costs (1-x) s on the CPU and
+    (16x + 2(1-x)) / 16 s on H2D; they meet at x = 0.47, so about half the groups go to the GPU."""
+    plan = plan_split(100, 1e7, RATES, BYTES, free_gpu_bytes=1e12)
+    assert 40 <= plan.gpu_groups <= 50
+
+
+def test_interleave_spreads_gpu_groups() -> None:
+    assert interleave(list(range(10)), 5) == {0, 2, 4, 6, 8}
+    assert interleave(list(range(10)), 0) == set()
+    assert len(interleave(list(range(7)), 7)) == 7
+
+
+# ---------------------------------------------------------------- Twin-Flow mechanism
+def test_tiny_gpu_fraction_equals_cpu_only() -> None:
+    """f -> 0 reduces to the plain CPU-offloaded optimizer (the f > 0 code path is continuous),
+    and f = 0 given explicitly is the preset's default exactly."""
+    base = run("zero-offload", "rtx4090-pcie4-ws", "llama2-7b")
+    same = run(strategy("zero-offload", optimizer_gpu_fraction=0.0), "rtx4090-pcie4-ws", "llama2-7b")
+    tiny = run(strategy("zero-offload", optimizer_gpu_fraction=1e-9), "rtx4090-pcie4-ws", "llama2-7b")
+    assert same == base
+    assert tiny.iteration_time_s == pytest.approx(base.iteration_time_s, rel=1e-6)
+    assert tiny.traffic_bytes.d2h == pytest.approx(base.traffic_bytes.d2h, rel=1e-6)
+
+
+@pytest.mark.parametrize("f", [0.3, 0.7])
+def test_twin_flow_pcie_bytes_shrink_by_one_minus_f(f: float) -> None:
+    """Gradients go D2H and updated 16-bit params H2D only for the CPU's share 1 - f."""
+    base = run(strategy("twin-flow", optimizer_gpu_fraction=0.0))
+    tf = run(strategy("twin-flow", optimizer_gpu_fraction=f))
+    assert tf.traffic_bytes.d2h == pytest.approx((1 - f) * base.traffic_bytes.d2h, rel=1e-6)
+    assert tf.traffic_bytes.h2d == pytest.approx((1 - f) * base.traffic_bytes.h2d, rel=1e-6)
+
+
+def test_twin_flow_gpu_memory_grows_by_f_times_state() -> None:
+    """GPU peak grows by about f x (12 B fp32 master + moments + 4 B fp32 grad) per parameter."""
+    f, params = 0.7, 5_948_837_888
+    base = run(strategy("twin-flow", optimizer_gpu_fraction=0.0))
+    tf = run("twin-flow")
+    assert tf.peak_bytes.gpu - base.peak_bytes.gpu == pytest.approx(f * params * 16, rel=0.05)
+    assert tf.peak_bytes.host_pinned < base.peak_bytes.host_pinned
+
+
+def test_twin_flow_shortens_the_step() -> None:
+    """Twin-Flow (DeepSpeed blog): the GPU updates its share while the CPU updates the rest, so
+    the step is shorter than the all-CPU step (direction; the blog's up-to-6x is end to end on
+    8-GPU DGX nodes and is not asserted)."""
+    base = run(strategy("twin-flow", optimizer_gpu_fraction=0.0))
+    tf = run("twin-flow")
+    assert tf.phases_s.optimizer < 0.5 * base.phases_s.optimizer
+    assert tf.iteration_time_s < base.iteration_time_s
+
+
+def test_twin_flow_refuses_what_it_cannot_model() -> None:
+    with pytest.raises(ValueError, match="optimizer_gpu_fraction"):
+        strategy("zero-infinity-nvme", optimizer_gpu_fraction=0.5)
+
+
+# ---------------------------------------------------------------- Deep Optimizer States
+def test_dos_split_is_partial_and_no_slower_than_cpu_only() -> None:
+    """The per-iteration split sends some but not all sub-groups to the GPU, and the step is no
+    slower than the same configuration updating everything on the CPU."""
+    dos = strategy("deep-optimizer-states")
+    cpu_only = strategy("deep-optimizer-states", optimizer_split="fixed")
+    result = simulate(make_run_config(HW, WL, dos))
+    spans = result.spans()
+    last = spans["iteration"].max()
+    on_gpu = spans[(spans.iteration == last) & spans.name.str.startswith("GPU Adam sub-group")]
+    groups = -(-5_948_837_888 // int(1e7))  # ceil: sub_group_size 1e7
+    assert 0 < len(on_gpu) < groups
+    assert result.metrics.phases_s.optimizer <= run(cpu_only).phases_s.optimizer
+    # the streamed state crosses PCIe both ways: 16 B/param in, 12 B/param out
+    assert result.metrics.traffic_bytes.d2h == pytest.approx(
+        run(cpu_only).traffic_bytes.d2h + len(on_gpu) * 5_948_837_888 / groups * 12, rel=1e-6)
+
+
+def test_dos_without_free_gpu_memory_stays_on_the_cpu() -> None:
+    """With no GPU memory to spare the model sends nothing to the GPU (the split is memory-aware)."""
+    hw = "rtx4090-pcie4-ws"
+    wl = "llama2-7b"
+    dos = run(strategy("deep-optimizer-states", zero_stage=2, prefetch_depth=0, reuse_distance_params=0.0,
+                       sub_group_params=1e12), hw, wl)
+    cpu = run(strategy("deep-optimizer-states", zero_stage=2, prefetch_depth=0, reuse_distance_params=0.0,
+                       sub_group_params=1e12, optimizer_split="fixed"), hw, wl)
+    assert dos.iteration_time_s == pytest.approx(cpu.iteration_time_s)
+
+
+def test_dos_faster_than_vanilla_deepspeed() -> None:
+    """Deep Optimizer States (arXiv 2410.21316) abstract: about 2.5x faster iterations than
+    DeepSpeed's offloaded optimizer. Artifact sample logs (github.com/DataStates/artifacts,
+    deep-optimizer-states/sample-logs/...-7B, published case dos-7b-1gpu-sample): vanilla
+    ZeRO-3 ~9.5 s/iter (backward ~4.8 s with blocking gradient flushes, step ~3.94 s) vs DOS
+    ~6.85 s/iter (backward ~1.55 s, step ~4.17 s): 1.39x. Generous range 1.2x to 3.0x covers
+    both; the backward must shrink as in the log (4.8 -> 1.6 s)."""
+    van = run(vanilla())
+    dos = run("deep-optimizer-states")
+    speedup = van.iteration_time_s / dos.iteration_time_s
+    assert 1.2 <= speedup <= 3.0
+    assert dos.phases_s.backward < 0.6 * van.phases_s.backward
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "In the DOS sample log the hybrid step is not faster than vanilla's CPU step (4.17 vs 3.94 s); "
+    "offsim's performance model sends ~140 of 595 sub-groups to the GPU and shortens the step by "
+    "~22% (1.80 vs 2.29 s on a100-80gb-pcie4), because the streamed state adds PCIe throughput to "
+    "the CPU's. What cost DOS the step time in the log (e.g. its prefetch gap, CPU-side copies "
+    "into pinned buffers, or the bf16->fp32 gradient handling) is not modelled"))
+def test_dos_step_not_faster_than_vanilla_as_in_the_sample_log() -> None:
+    van = run(vanilla())
+    dos = run("deep-optimizer-states")
+    assert dos.phases_s.optimizer >= 0.95 * van.phases_s.optimizer
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "The sample log's vanilla iteration is ~9.5 s; offsim predicts ~3.7 s on a100-80gb-pcie4: its "
+    "CPU-Adam runs at the profile's 2.6e9 params/s (the log implies ~1.5e9) and a blocking gradient "
+    "flush costs only the D2H copy and the fp32 accumulate (~0.8 s in all, the log ~3.2 s). The "
+    "artifact does not state its hardware"))
+def test_vanilla_iteration_time_matches_the_sample_log() -> None:
+    assert run(vanilla()).iteration_time_s == pytest.approx(9.5, rel=0.25)

@@ -1,0 +1,124 @@
+"""MLP-Offload (Maurya et al., SC 2025, arXiv 2509.02480): optimizer state striped over node-local
+NVMe and a parallel file system, one transfer per path per rank, alternating sub-group order over a
+DRAM cache, 16-bit gradients converted to fp32 at update time. Mechanism tests on the
+polaris-a100-grand profile, then the headline against zero-infinity-nvme (citation beside it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from offsim import load_profile, load_strategy, load_workload, make_run_config, simulate
+from offsim.results import RunResult
+
+HW = "polaris-a100-grand"
+OPT_IO = ("optimizer_swap_in", "optimizer_swap_out")
+
+
+def variant(name: str, **training) -> object:
+    wl = load_workload(name)
+    return wl.model_copy(update={"training": wl.training.model_copy(update=training)})
+
+
+def run(hardware, workload, strategy) -> RunResult:
+    r = simulate(make_run_config(hardware, workload, strategy))
+    assert r.metrics.feasible, r.metrics.infeasible_reason
+    return r
+
+
+def io_bound(**update) -> object:
+    """ZeRO-Infinity optimizer on NVMe, params on the GPU, reads/writes pipelined with the update:
+    the CPU step is bound by storage I/O on this profile."""
+    st = load_strategy("zero-infinity-nvme")
+    base = {"placement": st.placement.model_copy(update={"params": "gpu", "grads": "cpu"}),
+            "optimizer_swap_pipeline": True, "sub_group_params": 2.5e8}
+    return st.model_copy(update={**base, **update})
+
+
+def opt_spans(r: RunResult, resources: tuple[str, ...]) -> list:
+    return [s for s in r.recorder.spans if s.kind in OPT_IO and s.resource in resources]
+
+
+WL_SMALL = variant("llama2-7b", seq_len=2048)
+
+
+def test_pfs_share_zero_equals_plain_nvme() -> None:
+    """No PFS share and no cap: the PFS block and the new fields change nothing."""
+    with_pfs = run(HW, WL_SMALL, io_bound(pfs_share=0.0))
+    no_pfs_hw = load_profile(HW).model_copy(update={"pfs": None})
+    plain = run(no_pfs_hw, WL_SMALL, io_bound())
+    assert with_pfs.metrics.iteration_time_s == plain.metrics.iteration_time_s
+    assert with_pfs.metrics.traffic_bytes == plain.metrics.traffic_bytes
+    assert not opt_spans(with_pfs, ("pfs_read", "pfs_write"))
+
+
+def test_striping_shortens_an_io_bound_step_by_the_added_bandwidth() -> None:
+    """A share s of each transfer on the PFS: the step's I/O time shrinks toward
+    1 / (1 + B_pfs / B_nvme) when s matches the paths' rates (both paths at once)."""
+    hw = load_profile(HW)
+    nv, pfs = hw.nvme, hw.pfs
+    b_nvme = 1 / (1 / nv.read_bytes_per_s + 1 / nv.write_bytes_per_s)  # reads and writes share the array
+    b_pfs = 1 / (1 / pfs.read_bytes_per_s + 1 / pfs.write_bytes_per_s)
+    share = b_pfs / (b_pfs + b_nvme)
+    one = run(HW, WL_SMALL, io_bound()).metrics
+    two = run(HW, WL_SMALL, io_bound(pfs_share=share)).metrics
+    assert one.traffic_bytes.nvme_read > 0
+    assert two.traffic_bytes.nvme_read == pytest.approx(one.traffic_bytes.nvme_read * (1 - share), rel=1e-6)
+    ideal = (b_nvme + b_pfs) / b_nvme
+    speedup = one.phases_s.optimizer / two.phases_s.optimizer
+    assert 0.75 * ideal <= speedup <= 1.05 * ideal
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_io_concurrency_cap_is_respected(cap: int) -> None:
+    """At most ``io_concurrency`` optimizer-state transfers in flight per path per rank."""
+    r = run(HW, WL_SMALL, io_bound(pfs_share=0.3, io_concurrency=cap))
+    for path in (("nvme_read", "nvme_write"), ("pfs_read", "pfs_write")):
+        spans = opt_spans(r, path)
+        assert spans
+        events = sorted([(s.start_s, 1) for s in spans] + [(s.end_s, -1) for s in spans])
+        level = peak = 0
+        for _, d in events:
+            level += d
+            peak = max(peak, level)
+        assert peak <= cap
+
+
+def test_uncapped_pipeline_overlaps_reads_and_writes() -> None:
+    """Without the cap the pipelined swap has reads and writes in flight together (the cap bites)."""
+    r = run(HW, WL_SMALL, io_bound())
+    reads = opt_spans(r, ("nvme_read",))
+    writes = opt_spans(r, ("nvme_write",))
+    assert any(w.start_s < rd.end_s and rd.start_s < w.end_s for w in writes for rd in reads)
+
+
+def test_delayed_grad_conversion_halves_grad_bytes_on_storage() -> None:
+    """16-bit gradients stored instead of fp32: half the gradient bytes written to NVMe."""
+    st = load_strategy("zero-infinity-nvme")
+    fp32 = run(HW, WL_SMALL, st).recorder.spans
+    bf16 = run(HW, WL_SMALL, st.model_copy(update={"delayed_grad_conversion": True})).recorder.spans
+
+    def grad_bytes(spans: list) -> float:
+        return sum(s.bytes for s in spans if s.kind == "grad_offload" and s.resource == "nvme_write")
+
+    assert grad_bytes(fp32) > 0
+    assert grad_bytes(bf16) == pytest.approx(grad_bytes(fp32) / 2, rel=1e-9)
+
+
+WL_70B = variant("llama2-70b", seq_len=2048, data_parallel=4)
+
+
+def test_mlp_offload_is_faster_than_zero_infinity_nvme() -> None:
+    """Direction of the headline on a Polaris node with Grand: fewer NVMe bytes, shorter step."""
+    zi = run(HW, WL_70B, "zero-infinity-nvme").metrics
+    mlp = run(HW, WL_70B, "mlp-offload").metrics
+    assert mlp.traffic_bytes.nvme_read < zi.traffic_bytes.nvme_read
+    assert mlp.iteration_time_s < zi.iteration_time_s
+
+
+def test_mlp_offload_headline_speedup() -> None:
+    """MLP-Offload (arXiv 2509.02480) abstract: 2.5x faster iterations than state-of-the-art
+    runtimes (DeepSpeed ZeRO-3, optimizer on NVMe), models up to 280B; the artifact's 70B logs
+    show 370 s vs 151 s per iteration (2.45x). Generous range: 1.5x to 4x."""
+    zi = run(HW, WL_70B, "zero-infinity-nvme").metrics
+    mlp = run(HW, WL_70B, "mlp-offload").metrics
+    assert 1.5 <= zi.iteration_time_s / mlp.iteration_time_s <= 4.0

@@ -1,0 +1,127 @@
+"""ProTrain (Yang et al., arXiv 2406.08334): its knob search (offsim.search.protrain), the
+``offsim tune`` command, the ``protrain`` preset, and the headline claim against DeepSpeed
+ZeRO-3 offload. Searches use the small grid so that the file runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from offsim import load_strategy, make_run_config, simulate
+from offsim.cli import app
+from offsim.search import Grid, Knobs, SearchResult, apply_knobs, search
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_result() -> SearchResult:
+    return search("tiny", "tiny", "zero-infinity-cpu", "small")
+
+
+@pytest.fixture(scope="module")
+def rtx_result() -> SearchResult:
+    """Llama-2 7B on a 24 GB RTX 4090 workstation, like ProTrain's RTX 3090 testbed."""
+    return search("rtx4090-pcie4-ws", "llama2-7b", "zero-infinity-cpu", "small")
+
+
+def _check_best(result: SearchResult) -> None:
+    best = result.best
+    assert best.status == "ok" and best.iteration_time_s is not None
+    for c in result.candidates:
+        if c.status == "ok":
+            assert best.iteration_time_s <= c.iteration_time_s
+        elif c.status == "pruned":  # its bound already says it cannot be faster
+            assert c.lower_bound_s is not None and c.lower_bound_s >= best.iteration_time_s
+    if result.base.iteration_time_s is not None:
+        assert best.iteration_time_s <= result.base.iteration_time_s
+
+
+def test_search_returns_the_fastest_feasible_candidate(tiny_result: SearchResult) -> None:
+    _check_best(tiny_result)
+    assert tiny_result.candidates[0] is tiny_result.base
+    assert len(tiny_result.candidates) > 10
+
+
+def test_simulated_time_is_never_below_the_bound(tiny_result: SearchResult) -> None:
+    for c in tiny_result.candidates:
+        if c.status == "ok" and c.lower_bound_s is not None:
+            assert c.iteration_time_s >= c.lower_bound_s * (1 - 1e-9)
+
+
+def test_infeasible_candidates_carry_their_reason(rtx_result: SearchResult) -> None:
+    _check_best(rtx_result)
+    bad = [c for c in rtx_result.candidates if c.status == "infeasible"]
+    assert bad, "a 24 GB card cannot hold Llama-2 7B's activations with no recompute and no swap"
+    assert all("memory" in c.reason and "GiB" in c.reason for c in bad)
+    assert any("persistent chunks' gradients and optimizer state" in c.reason for c in bad)
+
+
+def test_a_faster_base_prunes_the_grid() -> None:
+    """gpu-only on `tiny` beats every offloaded candidate: the base is kept, and candidates
+    whose closed-form bound cannot beat it are pruned with the reason, not simulated."""
+    result = search("tiny", "tiny", "gpu-only", Grid((0.0,), (1,), (0.0, 1.0), (False, True)))
+    _check_best(result)
+    assert result.best is result.base
+    pruned = [c for c in result.candidates if c.status == "pruned"]
+    assert pruned and all("lower bound" in c.reason for c in pruned)
+
+
+def test_knobs_map_to_offsim_policies() -> None:
+    base = load_strategy("zero-infinity-cpu")
+    st = apply_knobs(base, Knobs(3, 2, 1, 2, True), [1.0 * 2**30] * 6)
+    pol = st.policies
+    assert (pol.eviction.kind, pol.eviction.keep_first) == ("static", 3)
+    assert (pol.activations.kind, pol.activations.offload, pol.activations.recompute) == ("per-block", 1, 2)
+    assert st.prefetch_depth == 2 and st.optimizer_schedule == "layerwise"
+    assert pol.gpu_param_buffer_gib == pytest.approx(6.0)  # 3 persistent + (2 + 1) buffers, all 6 layers
+    assert st.sub_group_params == base.sub_group_params
+
+
+def test_tune_cli_prints_json_and_writes_a_loadable_strategy(tmp_path) -> None:
+    out, csv = tmp_path / "tuned.yaml", tmp_path / "cands.csv"
+    args = ["tune", "-H", "tiny", "-w", "tiny", "--grid", "small", "--json", "--out", str(out),
+            "--csv", str(csv)]
+    res = runner.invoke(app, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["speedup"] >= 1.0 and summary["knobs"] is not None
+    tuned = load_strategy(str(out))
+    m = simulate(make_run_config("tiny", "tiny", tuned)).metrics
+    assert m.iteration_time_s == pytest.approx(summary["iteration_time_s"])
+    assert csv.read_text().startswith("label,status,reason")
+    text = runner.invoke(app, ["tune", "-H", "tiny", "-w", "tiny", "--grid", "small"], catch_exceptions=False)
+    assert text.exit_code == 0 and "speedup over base" in text.output
+
+
+def test_tune_cli_rejects_an_unknown_grid() -> None:
+    res = runner.invoke(app, ["tune", "--grid", "huge"])
+    assert res.exit_code != 0 and "small, default" in res.output
+
+
+def test_protrain_preset_beats_zero3_offload_on_a_4090() -> None:
+    """Direction of ProTrain's claim with the fixed preset (arXiv 2406.08334, abstract)."""
+    zero3 = simulate(make_run_config("rtx4090-pcie4-ws", "llama2-7b", "zero-infinity-cpu")).metrics
+    pt = simulate(make_run_config("rtx4090-pcie4-ws", "llama2-7b", "protrain")).metrics
+    assert pt.feasible and zero3.feasible
+    assert pt.iteration_time_s < zero3.iteration_time_s
+
+
+def test_tuned_protrain_is_faster_than_zero3_offload(rtx_result: SearchResult) -> None:
+    assert rtx_result.speedup is not None and rtx_result.speedup > 1.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "ProTrain (arXiv 2406.08334, abstract) reports 1.43x-2.71x the throughput of DeepSpeed and "
+    "other systems on RTX 3090 / A100 testbeds; offsim's search finds about 1.13x over ZeRO-3 "
+    "offload for Llama-2 7B on a 24 GB RTX 4090: the CPU Adam of all 6.7B parameters (~2.5 s of "
+    "4.4 s) bounds the iteration. ProTrain updates persistent chunks with a GPU Adam; the search "
+    "charges their GPU memory but not their shorter step. Tried by hand with offsim's "
+    "optimizer_gpu_fraction (after-backward only): 24 GB holds ~11% of the state (4 layers), "
+    "4.16 s, slower than overlapping the CPU step with backward (3.90 s). The paper's models, "
+    "batch sizes and baseline tunings were not read"))
+def test_protrain_headline_speedup_over_zero3_offload(rtx_result: SearchResult) -> None:
+    assert 1.43 <= rtx_result.speedup <= 2.71
