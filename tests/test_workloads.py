@@ -35,7 +35,6 @@ NOMINAL: dict[str, tuple[float, float]] = {
     # ZeRO-Infinity (arXiv 2104.07857): 1T on one DGX-2.
     "zero-infinity-1t": (1e12, 0.01),
     # Deep Optimizer States artifact log name "7B": 12*L*h^2 is 6.44e9, so the label rounds up.
-    "dos-gpt-7b": (7e9, 0.06),
     # Deep Optimizer States artifact 7B sample log: "number of parameters ... 5948837888".
     "dos-7b": (5.948837888e9, 1e-6),
 }
@@ -112,8 +111,8 @@ def test_paper_setups_follow_the_published_cases() -> None:
     zo = load_workload("zero-offload-10b")  # published case zo-v100-1gpu-10b
     assert (zo.model.layers, zo.model.hidden, zo.training.micro_batch) == (50, 4096, 10)
     assert (zo.precision.compute, zo.precision.params) == ("fp16", "fp16")
-    dos = load_workload("dos-gpt-7b")  # published case dos-7b-1gpu-sample
-    assert (dos.model.layers, dos.model.hidden, dos.model.heads) == (32, 4096, 32)
+    dos = load_workload("dos-7b")  # published case dos-7b-1gpu-sample (the logged command line)
+    assert (dos.model.layers, dos.model.hidden, dos.model.heads, dos.model.ffn_hidden) == (32, 4096, 32, 11008)
     assert (dos.training.seq_len, dos.training.micro_batch, dos.precision.compute) == (2048, 1, "bf16")
     assert load_workload("llama2-70b").model.kv_heads_count == 8
     assert load_workload("llama3-8b").model.kv_heads_count == 8
