@@ -10,7 +10,7 @@ from offsim.plan.model import model_flop_per_iteration
 from offsim.trace import Recorder
 
 LINKS = ("h2d", "d2h", "nvme_read", "nvme_write")
-EXTRA_LINKS = ("gpu_link", "dram_copy")
+EXTRA_LINKS = ("gpu_link", "dram_copy", "pfs_read", "pfs_write")
 
 
 class Phases(BaseModel):
@@ -30,6 +30,7 @@ class PeakBytes(BaseModel):
     host_pinned: float = 0.0
     host: float = 0.0
     nvme: float = 0.0
+    pfs: float = 0.0  # parallel file system (MLP-Offload), whole job
 
 
 class Traffic(BaseModel):
@@ -41,6 +42,8 @@ class Traffic(BaseModel):
     nvme_write: float = 0.0
     gpu_link: float = 0.0
     dram_copy: float = 0.0
+    pfs_read: float = 0.0
+    pfs_write: float = 0.0
 
 
 class RunMetrics(BaseModel):

@@ -28,7 +28,7 @@ def test_run_json_has_the_documented_keys() -> None:
     data = json.loads(result.stdout)
     assert JSON_KEYS <= set(data)
     assert set(data["phases_s"]) == {"forward", "backward", "optimizer"}
-    assert set(data["peak_bytes"]) == {"gpu", "host_pinned", "host", "nvme"}
+    assert set(data["peak_bytes"]) == {"gpu", "host_pinned", "host", "nvme", "pfs"}
     assert {"h2d", "d2h", "nvme_read", "nvme_write"} <= set(data["traffic_bytes"])
     assert data["feasible"] is True and data["iteration_time_s"] > 0
 

@@ -122,3 +122,31 @@ def test_mlp_offload_headline_speedup() -> None:
     zi = run(HW, WL_70B, "zero-infinity-nvme").metrics
     mlp = run(HW, WL_70B, "mlp-offload").metrics
     assert 1.5 <= zi.iteration_time_s / mlp.iteration_time_s <= 4.0
+
+
+def test_state_on_the_pfs_is_accounted_there_not_on_nvme() -> None:
+    """A share s of the optimizer state lives on the PFS: the PFS tier holds s x state bytes (per
+    rank x ranks per node x nodes), NVMe holds (1 - s) of it, and the PFS traffic appears in the
+    metrics. Bytes hand-derived from the state sizes."""
+    from offsim.plan.footprint import state_sizes
+
+    share = 0.25
+    striped = run(HW, WL_SMALL, io_bound(pfs_share=share))
+    nvme_only = run(HW, WL_SMALL, io_bound(pfs_share=0.0))
+    sz = state_sizes(make_run_config(HW, WL_SMALL, io_bound(pfs_share=share)))
+    state_node = sz.local_params * sz.optimizer_bytes_per_param * sz.ranks_per_node
+    assert striped.metrics.peak_bytes.pfs == pytest.approx(share * state_node, rel=1e-9)
+    assert nvme_only.metrics.peak_bytes.pfs == 0.0
+    assert nvme_only.metrics.peak_bytes.nvme - striped.metrics.peak_bytes.nvme == pytest.approx(
+        share * state_node, rel=1e-6)
+    t = striped.metrics.traffic_bytes
+    assert t.pfs_read > 0 and t.pfs_write > 0
+    assert t.pfs_write == pytest.approx(share / (1 - share) * t.nvme_write, rel=0.02)
+
+
+def test_pfs_quota_too_small_is_infeasible_with_the_tier() -> None:
+    hw = load_profile(HW)
+    tiny_quota = hw.model_copy(update={"pfs": hw.pfs.model_copy(update={"capacity_tb": 0.001})})
+    r = simulate(make_run_config(tiny_quota, WL_SMALL, io_bound(pfs_share=0.5)))
+    assert not r.metrics.feasible
+    assert "pfs" in r.metrics.infeasible_reason

@@ -12,7 +12,7 @@ import simpy
 from offsim.errors import InfeasibleError
 from offsim.trace import Recorder
 
-RANK_TIERS = ("gpu", "host_pinned", "host_pageable", "nvme")
+RANK_TIERS = ("gpu", "host_pinned", "host_pageable", "nvme", "pfs")
 
 
 class MemoryLedger:
@@ -24,22 +24,25 @@ class MemoryLedger:
     """
 
     def __init__(self, env: simpy.Environment, recorder: Recorder, capacity: dict[str, float],
-                 ranks_per_node: int) -> None:
+                 ranks_per_node: int, nodes: int = 1) -> None:
         self.env = env
         self.recorder = recorder
         self.capacity = capacity
         self.ranks = ranks_per_node
+        self.nodes = nodes
         self.rank_bytes = dict.fromkeys(RANK_TIERS, 0.0)
-        self.peak = dict.fromkeys(("gpu", "host_pinned", "host", "nvme"), 0.0)
+        self.peak = dict.fromkeys(("gpu", "host_pinned", "host", "nvme", "pfs"), 0.0)
 
     def node_levels(self) -> dict[str, float]:
-        """Levels as reported: gpu per rank, the others per node; ``host`` includes pinned."""
+        """Levels as reported: gpu per rank, the PFS for the whole job, the others per node;
+        ``host`` includes pinned."""
         r = self.rank_bytes
         return {
             "gpu": r["gpu"],
             "host_pinned": r["host_pinned"] * self.ranks,
             "host": (r["host_pinned"] + r["host_pageable"]) * self.ranks,
             "nvme": r["nvme"] * self.ranks,
+            "pfs": r["pfs"] * self.ranks * self.nodes,
         }
 
     def alloc(self, tier: str, nbytes: float, what: str) -> None:
@@ -60,7 +63,7 @@ class MemoryLedger:
         levels = self.node_levels()
         for tier, level in levels.items():
             if level > self.capacity[tier] * (1 + 1e-9):
-                scope = "per GPU" if tier == "gpu" else "per node"
+                scope = {"gpu": "per GPU", "pfs": "for the job"}.get(tier, "per node")
                 raise InfeasibleError(tier, level, self.capacity[tier],
                                       f"{scope}, at t={self.env.now:.4f} s while allocating {what}")
             if level > self.peak[tier]:

@@ -28,7 +28,14 @@ from offsim.engine.ledger import MemoryLedger
 from offsim.engine.optimizer_cache import OptimizerCache
 from offsim.engine.policy_hooks import PolicyHooks
 from offsim.engine.transfers import Transfers, duplex_rule, resource_capacities
-from offsim.plan.footprint import StateSizes, capacities, grad_buffer_bytes, params_streamed, round_pinned
+from offsim.plan.footprint import (
+    StateSizes,
+    capacities,
+    grad_buffer_bytes,
+    params_streamed,
+    pfs_share,
+    round_pinned,
+)
 from offsim.plan.model import Layer
 from offsim.plan.optimizer_split import SplitBytes, SplitPlan, SplitRates, interleave, plan_split
 from offsim.trace import Recorder, Span
@@ -57,7 +64,8 @@ class Engine:
         self.on_iteration: Callable[[int, int], None] | None = None
         self.net = FlowNetwork(self.env, resource_capacities(cfg, sz),
                                duplex_rule(cfg.hardware.host_link.duplex_efficiency), self._on_flow_done)
-        self.ledger = MemoryLedger(self.env, recorder, capacities(cfg), sz.ranks_per_node)
+        self.ledger = MemoryLedger(self.env, recorder, capacities(cfg), sz.ranks_per_node,
+                                   cfg.hardware.topology.nodes)
         self.io = Transfers(self.env, self.net, cfg, sz, self._nvme_write_rate())
         self.layers: list[Layer] = list(sz.layers)
         self.bpp_param = sz.param_bytes / sz.params_total
@@ -583,8 +591,10 @@ class Engine:
             self.ledger.alloc(_home_rank_tier(pl.grads, pinned), self._pinned_groups(g, pl.grads), "grads")
         o = sz.local_params * sz.optimizer_bytes_per_param * self.host_share
         self.ledger.alloc("gpu", self._gpu_resident_state_bytes(), "optimizer state, fp32 grads on the GPU")
-        self.ledger.alloc(_home_rank_tier(pl.optimizer_states, pinned), self._pinned_groups(o, pl.optimizer_states),
-                          "optimizer state")
+        on_pfs = pfs_share(self.cfg)
+        self.ledger.alloc(_home_rank_tier(pl.optimizer_states, pinned),
+                          self._pinned_groups(o * (1.0 - on_pfs), pl.optimizer_states), "optimizer state")
+        self.ledger.alloc("pfs", o * on_pfs, "optimizer state striped to the PFS")
         if st.uses_nvme():
             pinned = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
             self.ledger.alloc("host_pinned", pinned, "pinned staging buffers")

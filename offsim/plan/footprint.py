@@ -20,7 +20,7 @@ from offsim.errors import InfeasibleError
 from offsim.plan import policy_plan
 from offsim.plan.model import Layer, build_layers
 
-TIERS = ("gpu", "host_pinned", "host", "nvme")
+TIERS = ("gpu", "host_pinned", "host", "nvme", "pfs")
 
 
 def round_pinned(nbytes: float, allocator: str) -> float:
@@ -110,6 +110,15 @@ def _add(bd: dict[str, dict[str, float]], tier: str, what: str, nbytes: float) -
         bd[tier][what] = bd[tier].get(what, 0.0) + nbytes
 
 
+def pfs_share(cfg: RunConfig) -> float:
+    """Share of the NVMe-homed optimizer state striped onto the parallel file system
+    (MLP-Offload): ``strategy.pfs_share`` when the profile has a PFS, else 0."""
+    st = cfg.strategy
+    if cfg.hardware.pfs is None or st.placement.optimizer_states != "nvme":
+        return 0.0
+    return st.pfs_share
+
+
 def _home_tier(home: str, pinned: bool) -> str:
     return {"gpu": "gpu", "nvme": "nvme"}.get(home, "host_pinned" if pinned else "host")
 
@@ -131,8 +140,10 @@ def _static_states(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float
              _rounded_groups(g * (1.0 - st.optimizer_gpu_fraction), cfg, alloc, pl.grads, pin))
         _add(bd, "gpu", "grads (optimizer format) of the GPU-updated share", g * st.optimizer_gpu_fraction)
     o = sz.local_params * sz.optimizer_bytes_per_param
+    on_pfs = pfs_share(cfg)
     _add(bd, _home_tier(pl.optimizer_states, pin), "optimizer state",
-         _rounded_groups(o * (1.0 - st.optimizer_gpu_fraction), cfg, alloc, pl.optimizer_states, pin))
+         _rounded_groups(o * (1.0 - st.optimizer_gpu_fraction) * (1.0 - on_pfs), cfg, alloc, pl.optimizer_states, pin))
+    _add(bd, "pfs", "optimizer state striped to the PFS", o * (1.0 - st.optimizer_gpu_fraction) * on_pfs)
     _add(bd, "gpu", "optimizer state of the GPU-updated share", o * st.optimizer_gpu_fraction)
 
 
@@ -260,18 +271,21 @@ def footprint(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
         "host_pinned": per_rank["host_pinned"] * sz.ranks_per_node,
         "host": (per_rank["host_pinned"] + per_rank["host"]) * sz.ranks_per_node,
         "nvme": per_rank["nvme"] * sz.ranks_per_node,
+        "pfs": per_rank["pfs"] * sz.ranks_per_node * cfg.hardware.topology.nodes,
     }
     return Footprint(need, capacities(cfg), bd)
 
 
 def capacities(cfg: RunConfig) -> dict[str, float]:
-    """Capacity per tier: GPU per rank; pinned, host and NVMe per node."""
+    """Capacity per tier: GPU per rank; pinned, host and NVMe per node; the PFS quota for the
+    whole job (all nodes)."""
     hw = cfg.hardware
     return {
         "gpu": hw.gpu.memory_bytes,
         "host_pinned": hw.dram.pinned_cap_bytes,
         "host": hw.dram.usable_bytes,
         "nvme": hw.nvme.capacity_bytes if hw.nvme else 0.0,
+        "pfs": hw.pfs.capacity_bytes if hw.pfs else 0.0,
     }
 
 
