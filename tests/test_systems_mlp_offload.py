@@ -150,3 +150,21 @@ def test_pfs_quota_too_small_is_infeasible_with_the_tier() -> None:
     r = simulate(make_run_config(tiny_quota, WL_SMALL, io_bound(pfs_share=0.5)))
     assert not r.metrics.feasible
     assert "pfs" in r.metrics.infeasible_reason
+
+
+def test_views_show_the_pfs() -> None:
+    """The trace has PFS read/write tracks and a PFS memory counter; the memory and link figures
+    draw the PFS; a run without a PFS gets no empty PFS counter."""
+    from offsim.report.chrome_trace import chrome_trace
+    from offsim.report.figures import link_figure, memory_figure
+
+    r = run(HW, WL_SMALL, io_bound(pfs_share=0.25))
+    events = chrome_trace(r)["traceEvents"]
+    threads = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    counters = {e["name"] for e in events if e.get("ph") == "C"}
+    assert {"Parallel FS read", "Parallel FS write"} <= threads
+    assert "Parallel file system (job), GiB" in counters
+    assert "pfs" in {t.name for t in memory_figure(r).data}
+    assert any("Parallel FS" in (t.name or "") for t in link_figure(r).data)
+    plain = chrome_trace(run(HW, WL_SMALL, io_bound(pfs_share=0.0)))["traceEvents"]
+    assert not [e for e in plain if e.get("ph") == "C" and "Parallel" in e["name"]]

@@ -96,6 +96,8 @@ def _counter_events(result: RunResult) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for tier, label in TIER_LABELS.items():
         points = [(lv.t_s, lv.bytes / 2**30) for lv in result.recorder.levels if lv.tier == tier]
+        if tier == "pfs" and not any(v for _, v in points):
+            continue  # no parallel file system in use: no empty counter track
         events += _counter(f"{label}, GiB", "GiB", points)
     for link in LINKS:
         steps = link_rate_steps(result.recorder.spans, link)

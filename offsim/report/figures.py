@@ -51,9 +51,10 @@ KIND_COLORS = {
     "grad_cast": "#ffbb78", "param_update": "#98df8a", "param_allgather": "#c5b0d5",
     "optimizer_swap_in": "#c49c94", "optimizer_swap_out": "#f7b6d2",
 }
-TIER_COLORS = {"gpu": "#636efa", "host_pinned": "#ef553b", "host": "#00a07a", "nvme": "#ab63fa"}
+TIER_COLORS = {"gpu": "#636efa", "host_pinned": "#ef553b", "host": "#00a07a", "nvme": "#ab63fa", "pfs": "#8c564b"}
 _TIER_FILL = {"gpu": "rgba(99,110,250,0.18)", "host_pinned": "rgba(239,85,59,0.18)",
-              "host": "rgba(0,160,122,0.18)", "nvme": "rgba(171,99,250,0.18)"}
+              "host": "rgba(0,160,122,0.18)", "nvme": "rgba(171,99,250,0.18)",
+              "pfs": "rgba(140,86,75,0.18)"}
 _FALLBACK_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 _SOLID_PHASE = {"forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
 _TEMPLATE = "plotly_white"
@@ -63,7 +64,7 @@ _LEGEND = {"orientation": "v", "x": 1.01, "xanchor": "left", "y": 1, "yanchor": 
 #: Colour per resource in the comparison bars (``idle``: nothing moving while the GPU waited).
 RESOURCE_COLORS = {"gpu": "#1f77b4", "h2d": "#d62728", "d2h": "#2ca02c", "nvme_read": "#9467bd",
                    "nvme_write": "#ff7f0e", "cpu": "#17becf", "dram_copy": "#e377c2", "gpu_link": "#7f7f7f",
-                   "idle": "#c7c7c7"}
+                   "pfs_read": "#8c564b", "pfs_write": "#bcbd22", "idle": "#c7c7c7"}
 
 
 def run_title(result: RunResult) -> str:
@@ -218,6 +219,7 @@ def link_figure(result: RunResult, title: str | None = None) -> go.Figure:
         t = [0.0, *(s[0] for s in steps), result.recorder.end_s]
         rate = [0.0, *(s[1] / 1e9 for s in steps), 0.0]
         dash = "solid" if link in ("h2d", "d2h", "nvme_read", "nvme_write") else "dot"  # not PCIe/NVMe
+        # (the PFS is reached over the network: dotted too)
         line = {"shape": "hv", "width": 1.6, "color": RESOURCE_COLORS[link], "dash": dash}
         fig.add_trace(go.Scatter(x=t, y=rate, mode="lines", name=RESOURCE_LABELS[link], line=line,
                                  hovertemplate="%{x:.6g} s: %{y:.4g} GB/s<extra>%{fullData.name}</extra>"))

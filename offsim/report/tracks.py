@@ -17,17 +17,20 @@ from offsim.results import RunResult
 from offsim.trace import Span
 
 #: Resources in drawing order (top to bottom).
-RESOURCES = ("gpu", "gpu_stall", "h2d", "d2h", "nvme_read", "nvme_write", "cpu", "dram_copy", "gpu_link")
+RESOURCES = ("gpu", "gpu_stall", "h2d", "d2h", "nvme_read", "nvme_write", "pfs_read", "pfs_write", "cpu",
+             "dram_copy", "gpu_link")
 RESOURCE_LABELS = {
     "gpu": "GPU compute", "gpu_stall": "GPU waiting", "h2d": "PCIe H2D", "d2h": "PCIe D2H",
     "nvme_read": "NVMe read", "nvme_write": "NVMe write", "cpu": "CPU optimizer",
     "dram_copy": "Host copies (DRAM)", "gpu_link": "GPU-GPU link",
+    "pfs_read": "Parallel FS read", "pfs_write": "Parallel FS write",
 }
 #: Resources that move bytes: their throughput is drawn per direction.
-LINKS = ("h2d", "d2h", "nvme_read", "nvme_write", "gpu_link", "dram_copy")
-TIERS = ("gpu", "host_pinned", "host", "nvme")
+LINKS = ("h2d", "d2h", "nvme_read", "nvme_write", "pfs_read", "pfs_write", "gpu_link", "dram_copy")
+TIERS = ("gpu", "host_pinned", "host", "nvme", "pfs")
 TIER_LABELS = {"gpu": "GPU memory (per GPU)", "host_pinned": "Host pinned (per node)",
-               "host": "Host DRAM, pinned included (per node)", "nvme": "NVMe (per node)"}
+               "host": "Host DRAM, pinned included (per node)", "nvme": "NVMe (per node)",
+               "pfs": "Parallel file system (job)"}
 KIND_LABELS = {
     "forward": "forward", "backward": "backward", "recompute": "recompute", "optimizer": "Adam step",
     "stall": "stall", "param_fetch": "parameter fetches", "act_offload": "activation offloads",
