@@ -13,9 +13,11 @@ from offsim.cli import app
 from offsim.validation import default_cases_path, load_cases, run_case
 
 KNOWN_MISSES = {
-    "zo-v100-1gpu-10b-tflops": "predicts ~61 TFLOPS vs ~40: the GPU is busy 99% of the step, so the miss is in the "
-                               "V100 compute model (GEMM curve from square matmuls, 0.76 of peak; unfused 2019-era "
-                               "Megatron kernels are not modelled); needs measured block times (offsim calibrate) on a V100",
+    "zo-v100-1gpu-10b-tflops": "predicts ~61 TFLOPS vs ~40 with the GPU busy 99% of the step. The same profile "
+                               "predicts Megatron v1.0's 1.2B single-V100 run within 4% (case "
+                               "megatron-v100-1.2b-tflops), so the compute model fits an optimized Megatron; what "
+                               "costs ZeRO-Offload's run a third of its time (its Megatron fork's kernels, "
+                               "non-overlapped copies or CPU-side gradient accumulation) is not identified",
     "lsp-4090-llama7b-cpu-update": "offsim's CPU Adam is DRAM-bound at 30 B/param over 80 GB/s (2.5 s); LSP measured "
                                    "1.92 s, which needs ~105 GB/s, above 4-channel DDR4-3200's 102 GB/s theoretical: "
                                    "the per-parameter traffic model or the DRAM figure is off",
