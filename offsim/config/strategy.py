@@ -123,7 +123,14 @@ class Strategy(Frozen):
         optimizer_gpu_fraction: share f of the rank's optimizer state and fp32 gradients that
             lives on the GPU and is updated there (HBM-bound GPU Adam) while the CPU updates the
             rest; gradients go D2H and updated 16-bit parameters H2D for 1 - f only (Twin-Flow /
-            ZeRO-Offload++; DeepSpeed ``offload_optimizer.ratio`` is 1 - f).
+            ZeRO-Offload++; DeepSpeed ``offload_optimizer.ratio`` is 1 - f). With
+            ``optimizer_schedule: layerwise`` the GPU share is whole layers from the first
+            (embedding) on, f of the parameters in all (the layer that crosses f is split), as
+            ProTrain's persistent chunks (arXiv 2406.08334): their fp32 gradients stay on the GPU,
+            a GPU Adam on the compute stream updates them when their last gradient is ready, and
+            their 16-bit parameters are GPU-resident (their fetches move no bytes; pair with an
+            eviction policy that keeps them, e.g. ``static`` ``keep_first``); the CPU updates the
+            other layers during backward.
         optimizer_split: ``fixed`` (only ``optimizer_gpu_fraction``) or ``perf-model``: each
             iteration a performance model picks host-resident sub-groups to stream to the GPU
             (state and gradient H2D, GPU Adam, state D2H) concurrently with the CPU updating the
@@ -211,8 +218,10 @@ class Strategy(Frozen):
         if self.optimizer_device != "cpu" or p.optimizer_states != "cpu" or p.grads != "cpu":
             raise ValueError(f"{what} needs optimizer_device 'cpu' with placement.optimizer_states and "
                              "placement.grads on cpu")
-        if self.optimizer_schedule != "after-backward" or self.delayed_param_update:
-            raise ValueError(f"{what} needs optimizer_schedule 'after-backward' and no delayed_param_update")
+        if self.delayed_param_update:
+            raise ValueError(f"{what} cannot be combined with delayed_param_update")
+        if self.optimizer_schedule != "after-backward" and self.optimizer_split != "fixed":
+            raise ValueError("optimizer_split 'perf-model' needs optimizer_schedule 'after-backward'")
         if self.grad_compression_ratio > 1.0 or self.delayed_grad_conversion:
             raise ValueError(f"{what} cannot be combined with grad_compression_ratio > 1 or delayed_grad_conversion")
         return self

@@ -91,6 +91,7 @@ class Engine:
         self.opt_cache = None
         # Twin-Flow: the host keeps and updates 1 - f of the optimizer state, the GPU the rest
         self.host_share = 1.0 - self.st.optimizer_gpu_fraction
+        self.layer_host_share = self._layer_host_shares()
         if self.hooks.dram_bytes > 0:
             self.opt_cache = OptimizerCache(self.hooks, self.io, self.ledger, self._subgroups())
         # Deep Optimizer States: rates observed in the last step, and each step's split decision
@@ -103,6 +104,21 @@ class Engine:
         if nv is None:
             return 1.0
         return nv.sustained_write_bytes_per_s(self._nvme_bytes_written_per_iteration() * self.sz.ranks_per_node)
+
+    def _layer_host_shares(self) -> list[float]:
+        """Per layer, the share of its optimizer state that the CPU updates: ``1 - f`` for every
+        layer after backward (Twin-Flow); under the layer-wise schedule the GPU holds whole
+        layers from the first on, f of the parameters in all (ProTrain's persistent chunks)."""
+        f = self.st.optimizer_gpu_fraction
+        if not self.layerwise or f == 0.0:
+            return [self.host_share] * len(self.layers)
+        gpu_left, shares = f * self.sz.params_total, []
+        for lay in self.layers:
+            on_gpu = min(max(gpu_left, 0.0), lay.params)
+            gpu_left -= lay.params
+            share = 1.0 - on_gpu / lay.params
+            shares.append(0.0 if share < 1e-9 else share)
+        return shares
 
     def _nvme_bytes_written_per_iteration(self) -> float:
         """Bytes one rank writes to NVMe per iteration (for the drives' cache model)."""
@@ -154,6 +170,9 @@ class Engine:
         part = full / self.sz.param_part
         self.ledger.alloc("gpu", full, f"{layer.name} gathered params")
         home = self.st.placement.params
+        if self.layerwise:  # the GPU-updated share's 16-bit params stay on the GPU
+            part *= self.layer_host_share[index]
+            home = home if part > 0 else "gpu"
         if home == "nvme":
             take = min(part, self.staging.capacity)
             yield self.staging.get(take)
@@ -288,6 +307,11 @@ class Engine:
             self.pending.append(proc)
         else:
             yield from self._wait(proc, layer, "gradient offload")
+        on_gpu = 1.0 - self.layer_host_share[layer.index]
+        if self.layerwise and on_gpu > 0 and mb == self.cfg.workload.training.grad_accumulation - 1:
+            params = layer.params / self.sz.opt_part * on_gpu
+            name = f"GPU Adam {layer.name} (GPU-resident share)"
+            yield from self._gpu_adam(self.cur.iteration, params, name)
 
     def _offload_grads(self, layer: Layer, mb: int, slot: simpy.Event, meta: dict) -> Generator:
         full = layer.params * self.bpp_grad
@@ -298,13 +322,17 @@ class Engine:
             reduce = self.io.collective(full, factor, **{**meta, "kind": "grad_reduce"})
             yield from self._on_stream("grad_reduce", reduce)
         ratio = self.st.grad_compression_ratio
-        part = full / self.sz.grad_part / ratio * self.host_share
-        yield from self._on_stream("grad_d2h", self.io.d2h(part, pinned=self.st.pin_memory, **meta))
+        share = self.layer_host_share[layer.index]
+        part = full / self.sz.grad_part / ratio * share
+        if part > 0:
+            yield from self._on_stream("grad_d2h", self.io.d2h(part, pinned=self.st.pin_memory, **meta))
         self.ledger.free("gpu", held)
         self.grad_slots.release(slot)
-        local_params = layer.params / self.sz.grad_part / ratio * self.host_share
+        local_params = layer.params / self.sz.grad_part / ratio * share
         hg = self.sz.host_grad_bytes_per_param
         last = mb == self.cfg.workload.training.grad_accumulation - 1
+        if self.layerwise and local_params <= 0:  # all of it is updated on the GPU
+            return
         if self.layerwise and last:  # the gradient stays in DRAM for the update that follows
             acc = {**meta, "kind": "grad_accumulate", "name": f"{layer.name} grads accumulate"}
             yield from self._on_stream("grad_host", self.io.host_copy(local_params * (self.bpp_grad + hg), **acc))
@@ -335,7 +363,8 @@ class Engine:
         read the layer's optimizer state when it lives on NVMe, CPU Adam, write it back, send
         the updated 16-bit parameters home."""
         sz, pl = self.sz, self.st.placement
-        params = layer.params / sz.opt_part / self.st.grad_compression_ratio
+        share = self.layer_host_share[layer.index]  # the rest is updated on the GPU
+        params = layer.params / sz.opt_part / self.st.grad_compression_ratio * share
         meta = {"iteration": iteration, "phase": "backward", "layer": layer.index}
         state = params * sz.optimizer_bytes_per_param
         if pl.optimizer_states == "nvme":

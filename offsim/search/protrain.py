@@ -13,12 +13,14 @@ fixed-size chunks in execution order):
 * persistent chunks: ``policies.eviction = {kind: static, keep_first: n_persist}``; a kept layer is
   fetched once per iteration and stays for every later forward and backward of the iteration.
   ProTrain also keeps the persistent chunks' gradients and optimizer state on the GPU and
-  updates them with a GPU Adam; this search does not use offsim's GPU/CPU optimizer split
-  (``optimizer_gpu_fraction``, after-backward steps only), so every layer's gradients go to the
-  CPU and the CPU updates all parameters (the updated copy of a persistent layer comes back once
-  per iteration, which is the one fetch counted), while the fit check charges the persistent
-  chunks' GPU-resident gradients and optimizer state. This understates ProTrain's gain when
-  the CPU step is the bottleneck.
+  updates them with a GPU Adam: ``optimizer_gpu_fraction`` is the persistent layers' share of
+  the parameters (with every layer persistent, all but the last, as the strategy needs a host
+  share). With the CPU step overlapped (``layerwise``) that share is exactly the first layers:
+  their gradients never leave the GPU, a GPU Adam updates them as backward reaches them, their
+  16-bit parameters are never fetched, and the CPU updates only the other layers. After backward
+  it is Twin-Flow's uniform split (the GPU updates its share beside the CPU step; the persistent
+  layers are then fetched once per iteration). The plan's footprint charges the share's fp32
+  gradients and optimizer state to the GPU, so the fit check below is the plan's alone.
 * chunk buffers and prefetch: ``prefetch_depth`` layers ahead (lookahead), within a GPU
   parameter budget of the persistent layers plus ``prefetch_depth + 1`` of the largest layer.
 * block-wise activations: ``policies.activations = {kind: per-block, offload: n_swap,
@@ -203,9 +205,18 @@ def param_budget_gib(knobs: Knobs, layer_bytes: list[float]) -> float:
     return min(sum(layer_bytes), kept + buffers) / GiB
 
 
+def persistent_gpu_fraction(knobs: Knobs, layer_bytes: list[float]) -> float:
+    """Share of the parameters in the persistent layers, whose gradients and optimizer state
+    ProTrain keeps and updates on the GPU; with every layer persistent, all but the last (a
+    strategy's ``optimizer_gpu_fraction`` is below 1)."""
+    kept = min(knobs.persistent_layers, len(layer_bytes) - 1)
+    return sum(layer_bytes[:kept]) / sum(layer_bytes)
+
+
 def apply_knobs(base: Strategy, knobs: Knobs, layer_bytes: list[float], name: str = "protrain") -> Strategy:
     """ProTrain's strategy for ``knobs``: ZeRO-3 with parameters, gradients and optimizer state
-    in (pinned, as ``base`` says) CPU memory and a CPU optimizer; fields ProTrain does not set
+    in (pinned, as ``base`` says) CPU memory and a CPU optimizer, except the persistent layers'
+    gradients and optimizer state, updated on the GPU (module docstring); fields ProTrain does not set
     (sub-group size, pinning, allocator, reuse distance, buckets) come from ``base``."""
     d = base.model_dump()
     d.update(
@@ -214,6 +225,7 @@ def apply_knobs(base: Strategy, knobs: Knobs, layer_bytes: list[float], name: st
         prefetch_depth=knobs.prefetch_depth, activation_checkpointing=None,
         grad_compression_ratio=1.0, grad_compression_flop_per_param=0.0,
         optimizer_schedule="layerwise" if knobs.overlap_cpu_step else "after-backward",
+        optimizer_gpu_fraction=persistent_gpu_fraction(knobs, layer_bytes), optimizer_split="fixed",
     )
     d["policies"].update(
         eviction={"kind": "static", "keep_first": knobs.persistent_layers, "then": "reuse-distance"},
@@ -226,28 +238,13 @@ def apply_knobs(base: Strategy, knobs: Knobs, layer_bytes: list[float], name: st
 
 
 # ---------------------------------------------------------------- evaluation
-def persistent_state_bytes(cfg: RunConfig, knobs: Knobs) -> float:
-    """GPU bytes ProTrain adds for the persistent chunks' gradients and optimizer state (fp32
-    master and moments), which it keeps on the GPU; offsim's engine does not place them there
-    (module docstring), so the search charges them in its own fit check."""
-    sz = state_sizes(cfg)
-    params = sum(lay.params for lay in sz.layers[: knobs.persistent_layers])
-    per_param = sz.grad_bytes / sz.params_total + sz.optimizer_bytes_per_param
-    return params * per_param
-
-
-def _bound(cfg: RunConfig, knobs: Knobs | None = None) -> tuple[float | None, str]:
+def _bound(cfg: RunConfig) -> tuple[float | None, str]:
     """(lower bound, '') when the plan fits, else (None, the reason)."""
     sz = state_sizes(cfg)
     try:
-        fp = check_fit(cfg, sz)
+        check_fit(cfg, sz)
     except OffsimError as exc:
         return None, str(exc)
-    extra = 0.0 if knobs is None else persistent_state_bytes(cfg, knobs)
-    need, cap = fp.need_bytes["gpu"] + extra, fp.capacity_bytes["gpu"]
-    if extra > 0 and need > cap:
-        kept = f"the persistent chunks' gradients and optimizer state {extra / GiB:.2f} GiB stay on the GPU"
-        return None, f"gpu memory: needs {need / GiB:.2f} GiB but has {cap / GiB:.2f} GiB (per GPU; {kept})"
     return time_lower_bound(cfg, sz).seconds, ""
 
 
@@ -278,7 +275,7 @@ def _planned(hw: HardwareProfile, wl: Workload, base: Strategy, grid: Grid, iter
         except (OffsimError, ValueError) as exc:
             out.append((k, None, None, str(exc)))
             continue
-        bound, reason = _bound(cfg, k)
+        bound, reason = _bound(cfg)
         out.append((k, cfg, bound, reason))
     return out
 

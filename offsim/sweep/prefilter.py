@@ -14,7 +14,8 @@ Before a point is simulated, three cheap checks can settle it:
    * for each link, the bytes the strategy must move per iteration over the link's peak rate
      (``h2d``, ``d2h``; NVMe reads and writes share the array's time, so their times add;
      host DRAM is touched once per DMA or NVMe byte and by the CPU optimizer's passes);
-   * the CPU optimizer: the rank's parameters over its share of ``optimizer_params_per_s``.
+   * the CPU optimizer: the rank's parameters (less the ``optimizer_gpu_fraction`` the GPU updates)
+     over its share of ``optimizer_params_per_s``.
 
    Bytes counted are the least the placement forces (a streamed layer's parameters cross at
    least once per iteration, gradients leave the GPU once per micro-batch, offloaded activations
@@ -105,21 +106,22 @@ def min_traffic_bytes(cfg: RunConfig, sz: StateSizes) -> dict[str, float]:
     ga = cfg.workload.training.grad_accumulation
     ratio = st.grad_compression_ratio
     layerwise = st.optimizer_schedule == "layerwise"
+    host = 1.0 - st.optimizer_gpu_fraction  # the GPU-updated share's grads and params stay on the GPU
     t = dict.fromkeys(("h2d", "d2h", "nvme_read", "nvme_write"), 0.0)
     bpp_param = sz.param_bytes / sz.params_total
-    params_local = sz.param_bytes / sz.param_part
+    params_local = sz.param_bytes / sz.param_part * (host if layerwise else 1.0)
     if pl.params in ("cpu", "nvme"):  # streamed: every layer comes to the GPU once per iteration
         t["h2d"] += params_local
         if pl.params == "nvme":
             t["nvme_read"] += params_local
     if st.optimizer_device == "cpu":  # updated 16-bit params go back to their home
-        updated = sz.local_params * bpp_param / ratio
+        updated = sz.local_params * bpp_param / ratio * host
         if pl.params == "gpu":
             t["h2d"] += updated
         elif pl.params == "nvme":
             t["nvme_write"] += updated
     if pl.grads != "gpu":
-        t["d2h"] += ga * sz.grad_bytes / sz.grad_part / ratio
+        t["d2h"] += ga * sz.grad_bytes / sz.grad_part / ratio * host
         if pl.grads == "nvme" and not layerwise:  # layer-wise updates keep the last gradient in DRAM
             grads = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param / ratio
             t["nvme_write"] += ga * grads
@@ -176,7 +178,7 @@ def time_lower_bound(cfg: RunConfig, sz: StateSizes | None = None) -> TimeBound:
     cpu_step_s = 0.0
     dram_bytes = traffic["h2d"] + traffic["d2h"] + traffic["nvme_read"] + traffic["nvme_write"]
     if st.optimizer_device == "cpu":
-        updated = sz.local_params / st.grad_compression_ratio
+        updated = sz.local_params / st.grad_compression_ratio * (1.0 - st.optimizer_gpu_fraction)
         cpu_step_s = updated / (hw.cpu.optimizer_params_per_s / n)
         terms["cpu_optimizer"] = cpu_step_s
         bpp_param = sz.param_bytes / sz.params_total
