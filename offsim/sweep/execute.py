@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import abc
+
 import math
 import os
 import threading
@@ -105,14 +107,14 @@ def _run_chunk_in_pool(items: Items, frontier: Frontier | None) -> list[dict[str
     return run_chunk(_WORKER_PAYLOAD, items, frontier)
 
 
-class Backend:
+class Backend(abc.ABC):
     """Runs chunks somewhere and yields ``(items, rows or exception)`` as they finish."""
 
     workers: int = 1
 
+    @abc.abstractmethod
     def run(self, chunks: list[Items], frontier: Frontier | None) -> Iterator[tuple[Items, Any]]:
         """Evaluate ``chunks``; yield each with its rows (or the exception that lost it)."""
-        raise NotImplementedError
 
     def close(self) -> None:
         """Release processes or connections."""
