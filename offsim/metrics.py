@@ -91,7 +91,7 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
         if it in steady:
             phases[name] += (end - start) / n
     traffic = dict.fromkeys(LINKS + EXTRA_LINKS, 0.0)
-    busy = stall = cpu_busy = recompute_s = 0.0
+    busy = stall = cpu_busy = 0.0
     recomputed: dict[int, float] = {}  # layer index -> forward passes repeated per iteration
     step_bounds: dict[int, list[float]] = {}
     for s in rec.spans:

@@ -138,3 +138,43 @@ def test_simpy_is_deterministic(tiny_profile, tiny_workload) -> None:
     b = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=0.25, bwd_s=0.5)
     assert a.spans == b.spans and a.levels == b.levels
     assert isinstance(simpy.Environment(), simpy.Environment)
+
+
+def _run_with_activations(profile, workload, st, fwd_s: float, bwd_s: float, act_bytes: float) -> Recorder:
+    """As :func:`_run`, with ``act_bytes`` of activations kept per block (nothing to checkpoint)."""
+    profile = _big_gpu(profile)
+    cfg = RunConfig(hardware=profile, workload=workload, strategy=st, iterations=1, warmup_iterations=0)
+    layers = tuple(Layer(i, f"block{i}", PARAMS, 0.0, fwd_s, bwd_s, act_bytes, 0.0) for i in range(3))
+    sz = dataclasses.replace(state_sizes(cfg), layers=layers, params_total=3 * PARAMS,
+                             param_bytes=3 * PARAMS * 2.0, grad_bytes=3 * PARAMS * 2.0)
+    rec = Recorder()
+    engine = Engine(cfg, sz, rec)
+    engine.env.process(engine.run())
+    engine.env.run()
+    return rec
+
+
+def test_swapped_activations_throttle_forward_and_are_prefetched_in_backward(tiny_profile, tiny_workload) -> None:
+    """Three blocks each swap 1 GB of activations to DRAM over 1 GB/s links (fwd 0.25 s, bwd
+    0.5 s, prefetch depth 1, so at most depth + 2 = 3 blocks' activations may be in flight,
+    and forward waits when a fourth would be).
+
+    Forward: B0 [0,0.25], B1 [0.25,0.5], B2 [0.5,0.75]; copies out (one stream, in order)
+    A0 [0.25,1.25], A1 [1.25,2.25], A2 [2.25,3.25]. After B2, three copies are in flight, one
+    more than depth + 1, so forward waits for A0 until 1.25.
+    Backward: B2 needs A2 back, which starts once A2 is out: [3.25,4.25]; meanwhile the
+    prefetch of A1 (depth 1) started as soon as A1 was out: [2.25,3.25]. B2 [4.25,4.75]; B1
+    (A1 already back) [4.75,5.25]; A0 is prefetched from B1's start: [4.75,5.75]; B0 waits and
+    runs [5.75,6.25]. Without the prefetch A1 would come back only at 4.75 and B1 end at 6.25.
+    """
+    st = strategy(zero_stage=0, prefetch_depth=1,
+                  policies={"activations": {"kind": "per-block", "offload": 3, "tier": "cpu"}})
+    rec = _run_with_activations(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5, act_bytes=1e9)
+    assert _spans(rec, "d2h") == [("block0 activations", 0.25, 1.25), ("block1 activations", 1.25, 2.25),
+                                  ("block2 activations", 2.25, 3.25)]
+    assert _spans(rec, "h2d") == [("block1 activations", 2.25, 3.25), ("block2 activations", 3.25, 4.25),
+                                  ("block0 activations", 4.75, 5.75)]
+    gpu = [(name, start, end) for name, start, end in _spans(rec, "gpu") if "backward" in name]
+    assert gpu == [("block2 backward", 4.25, 4.75), ("block1 backward", 4.75, 5.25),
+                   ("block0 backward", 5.75, 6.25)]
+    assert _phases(rec)["forward"] == pytest.approx(1.25)

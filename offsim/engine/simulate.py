@@ -16,7 +16,7 @@ One iteration (one optimizer step):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 
 import simpy
@@ -85,6 +85,8 @@ class Engine:
         # DeepSpeed's reduce buckets): backward stalls when both are still in flight
         self.grad_slots = simpy.Resource(self.env, capacity=2)
         self.act_offload: dict[int, simpy.Process] = {}
+        self.act_fetch: dict[int, simpy.Process] = {}  # activations on their way back to the GPU
+        self.act_leaving: list[simpy.Event] = []  # offloads whose bytes still occupy the GPU
         self.prev_step: simpy.Process | None = None
         self.fetcher: ParamFetcher | None = None
         self.hooks = PolicyHooks(cfg, sz, recorder)
@@ -213,15 +215,17 @@ class Engine:
             return False
         return len(self.layers) - 1 - layer.index > self.st.prefetch_depth
 
-    def _offload_activation(self, layer: Layer, meta: dict) -> Generator:
+    def _offload_activation(self, layer: Layer, meta: dict, off_gpu: simpy.Event) -> Generator:
         """GPU -> host (-> NVMe). Activations bound for NVMe pass through the pinned staging
-        buffers (taken for the copy and the write), so host memory stays within that pool."""
+        buffers (taken for the copy and the write), so host memory stays within that pool.
+        ``off_gpu`` fires when the bytes have left the GPU."""
         nbytes = self._kept_bytes(layer)
         if self._act_tier(layer) == "nvme":
             take = min(nbytes, self.staging.capacity)
             yield self.staging.get(take)
             yield from self._on_stream("act_d2h", self.io.d2h(nbytes, **meta))
             self.ledger.free("gpu", nbytes)
+            off_gpu.succeed()
             self.ledger.alloc("nvme", nbytes, f"{layer.name} activations on nvme")
             yield from self._on_stream("act_nvme", self.io.nvme_write(nbytes, **meta))
             yield self.staging.put(take)
@@ -230,6 +234,15 @@ class Engine:
         self.ledger.alloc(host, nbytes, f"{layer.name} offloaded activations")
         yield from self._on_stream("act_d2h", self.io.d2h(nbytes, pinned=self.st.pin_memory, **meta))
         self.ledger.free("gpu", nbytes)
+        off_gpu.succeed()
+
+    def _throttle_offloads(self, layer: Layer) -> Generator:
+        """Forward waits while more than ``prefetch_depth + 1`` offloaded activations still
+        occupy the GPU: swap buffers are a bounded pool (the footprint counts ``depth + 2``
+        blocks in flight), so a copy slower than the compute holds the forward back."""
+        self.act_leaving = [e for e in self.act_leaving if not e.triggered]
+        while len(self.act_leaving) > self.st.prefetch_depth + 1:
+            yield from self._wait(self.act_leaving.pop(0), layer, "activation offload")
 
     def _fetch_activation(self, layer: Layer, meta: dict) -> Generator:
         yield self.act_offload.pop(layer.index)
@@ -265,15 +278,41 @@ class Engine:
         self.ledger.free("gpu", transient)
         if self._offloads_activation(layer):
             meta = self._meta("act_offload", f"{layer.name} activations", layer.index)
-            self.act_offload[layer.index] = self.env.process(self._offload_activation(layer, meta))
+            off_gpu = self.env.event()
+            self.act_offload[layer.index] = self.env.process(self._offload_activation(layer, meta, off_gpu))
+            self.act_leaving.append(off_gpu)
+            yield from self._throttle_offloads(layer)
         if self.fetcher is not None and self.streamed:
             self.fetcher.after(op_index)
 
-    def _backward_layer(self, op_index: int, layer: Layer, mb: int) -> Generator:
+    def _start_activation_fetch(self, layer: Layer) -> simpy.Process:
+        meta = self._meta("act_fetch", f"{layer.name} activations", layer.index)
+        proc = self.env.process(self._fetch_activation(layer, meta))
+        self.act_fetch[layer.index] = proc
+        return proc
+
+    def _prefetch_activations(self, layer: Layer, upcoming: Sequence[Layer]) -> None:
+        """Start bringing back the offloaded activations of the next layers of the backward
+        (up to ``prefetch_depth`` of them) while GPU memory allows, keeping room for this
+        layer's backward: ZeRO-Infinity, TBA / SSDTrain and Fuyou all read activations ahead
+        of their use, and Fuyou's prefetcher fills only the GPU memory that is free."""
+        reserve = layer.backward_work_bytes(self._recomputes(layer)) + self.grad_buffer_bytes
+        for nxt in upcoming:
+            if nxt.index not in self.act_offload or nxt.index in self.act_fetch:
+                continue
+            free = self.ledger.capacity["gpu"] - self.ledger.rank_bytes["gpu"]
+            if self._kept_bytes(nxt) + reserve > free:
+                return
+            self._start_activation_fetch(nxt)
+
+    def _backward_layer(self, op_index: int, layer: Layer, mb: int, upcoming: Sequence[Layer] = ()) -> Generator:
         ready = self._params_ready(op_index)
-        if layer.index in self.act_offload:
-            meta = self._meta("act_fetch", f"{layer.name} activations", layer.index)
-            act = self.env.process(self._fetch_activation(layer, meta))
+        act = self.act_fetch.pop(layer.index, None)
+        if act is None and layer.index in self.act_offload:
+            act = self._start_activation_fetch(layer)
+            self.act_fetch.pop(layer.index)
+        self._prefetch_activations(layer, upcoming)
+        if act is not None:
             yield from self._wait(act, layer, "activations")
         if ready is not None:
             yield from self._wait(ready, layer, "params")
@@ -644,8 +683,10 @@ class Engine:
         self.rec.phase(self.cur.iteration, "forward", start, self.env.now)
         self.cur.phase = "backward"
         start = self.env.now
-        for k, layer in enumerate(reversed(self.layers)):
-            yield from self._backward_layer(base + n + k, layer, mb)
+        backward = list(reversed(self.layers))
+        depth = self.st.prefetch_depth
+        for k, layer in enumerate(backward):
+            yield from self._backward_layer(base + n + k, layer, mb, backward[k + 1:k + 1 + depth])
         self.rec.phase(self.cur.iteration, "backward", start, self.env.now)
 
     def run(self) -> Generator:

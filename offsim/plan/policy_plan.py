@@ -7,11 +7,13 @@ that both see the same decisions.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
 from offsim.errors import ConfigError, PolicyError
 from offsim.policies import ActivationDecision, BuildContext
+from offsim.policies.auto_swap import AutoSwapConfig
 from offsim.policies.bucket import BucketConfig
 from offsim.policies.lookahead import LookaheadConfig
 from offsim.policies.no_prefetch import NoPrefetchConfig
@@ -45,7 +47,19 @@ def activation_decisions(cfg: RunConfig, sz: StateSizes) -> list[ActivationDecis
     """The activation policy's decisions, checked: one per layer, recompute only for blocks,
     NVMe only when the profile has it."""
     layers = sz.layers
-    policy = cfg.strategy.policies.activations.build(build_context(cfg, len(layers), 0.0))
+    ctx = build_context(cfg, len(layers), 0.0)
+    chosen = cfg.strategy.policies.activations
+    if isinstance(chosen, AutoSwapConfig):
+        from offsim.plan.swap_amount import choose_swap_blocks  # it reads this module's plans
+
+        choice = choose_swap_blocks(cfg, sz, chosen.tier)
+        c = choice.chosen
+        note = f"; model {c.estimate_s:.3g} s/iteration ({c.binding})"
+        if c.simulated_s is not None:
+            note += f", profiled {c.simulated_s:.3g} s"
+        ctx = dataclasses.replace(ctx, swap_blocks=choice.blocks, swap_total_blocks=choice.total_blocks,
+                                  swap_note=note)
+    policy = chosen.build(ctx)
     out = list(policy.plan(layers))
     where = f"activations policy '{policy.name}'"
     if [d.layer for d in out] != [lay.index for lay in layers]:

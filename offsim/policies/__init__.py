@@ -15,6 +15,7 @@ from pydantic import Field
 
 from offsim.errors import ConfigError
 from offsim.policies.alternating import AlternatingConfig
+from offsim.policies.auto_swap import AutoSwapConfig
 from offsim.policies.base import (
     ActivationDecision,
     ActivationPolicy,
@@ -56,7 +57,7 @@ PrefetchConfig = Annotated[
     LookaheadConfig | NoPrefetchConfig | BucketConfig | WindowConfig, Field(discriminator="kind")
 ]
 ActivationConfig = Annotated[
-    PlacementConfig | KeepConfig | RecomputeConfig | OffloadConfig | PerBlockConfig,
+    PlacementConfig | KeepConfig | RecomputeConfig | OffloadConfig | PerBlockConfig | AutoSwapConfig,
     Field(discriminator="kind"),
 ]
 OrderConfig = Annotated[SameOrderConfig | AlternatingConfig, Field(discriminator="kind")]

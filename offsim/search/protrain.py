@@ -30,7 +30,7 @@ fixed-size chunks in execution order):
 
 The search: every candidate is first checked by the plan's closed-form fit
 (:func:`offsim.plan.footprint.check_fit`; a miss is infeasible with the tier and the bytes) and
-given the closed-form lower bound of :func:`offsim.sweep.prefilter.time_lower_bound`. Feasible
+given the closed-form lower bound of :func:`offsim.plan.time_bound.time_lower_bound`. Feasible
 candidates are simulated in increasing order of their bound, starting from the base strategy as
 the incumbent; a candidate whose bound is no better than the best simulated time is pruned
 (branch and bound: it cannot win). The best is therefore the fastest of the whole grid and never
@@ -54,7 +54,7 @@ from offsim.config.workload import Workload
 from offsim.engine.run import simulate
 from offsim.errors import OffsimError
 from offsim.plan.footprint import check_fit, state_sizes
-from offsim.sweep.prefilter import time_lower_bound
+from offsim.plan.time_bound import time_lower_bound
 from offsim.units import GiB
 
 if TYPE_CHECKING:

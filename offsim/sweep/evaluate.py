@@ -26,9 +26,10 @@ from pydantic import BaseModel
 from offsim.engine.run import simulate
 from offsim.errors import OffsimError
 from offsim.plan.footprint import footprint, state_sizes
+from offsim.plan.time_bound import time_lower_bound
 from offsim.sweep.cost import cost_columns, usd_per_hour
 from offsim.sweep.overrides import Library, OverrideError, apply_overrides, build_run_config
-from offsim.sweep.prefilter import Frontier, time_lower_bound
+from offsim.sweep.prefilter import Frontier
 from offsim.sweep.spec import CostAssumptions, SweepPlan, _digest, canonical_json
 
 #: Columns that vary from run to run (kept out of the result table, stored beside it).

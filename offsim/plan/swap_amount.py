@@ -1,0 +1,191 @@
+"""Fuyou's automatic activation swap amount.
+
+Fuyou (Liao et al., arXiv 2403.06504 v1, "automatic activation swapping management"; v2, LoHan,
+"holistic traffic-aware activation swapping") swaps the activations of some transformer blocks
+to SSD through host memory and recomputes the others from a checkpoint of their input. Swapping
+more blocks adds PCIe and SSD time; recomputing more adds GPU time. Fuyou profiles one iteration
+and chooses the amount that minimises the predicted iteration time, the largest of the
+per-resource times: as the swapped amount grows the GPU term falls and the I/O terms rise, so
+the predicted time falls and then rises (v2 solves it as a convex problem).
+
+offsim does the same in two stages, for the plans "swap the first ``n`` blocks, recompute the
+rest" (:class:`offsim.policies.per_block.PerBlockConfig`; early blocks are swapped because
+backward reaches them last), ``n`` from 0 to the number of blocks:
+
+1. **Model.** The closed-form bottleneck bound (:func:`offsim.plan.time_bound.time_lower_bound`:
+   GPU work, each PCIe direction, NVMe reads plus writes, DRAM, the CPU optimizer) with the GPU
+   term raised by the two stalls an aggregate bound misses (:func:`swap_stalls_s`): forward
+   waits when the copies out fall behind the compute (at most ``prefetch_depth + 2`` blocks in
+   flight), and backward waits for a read that takes longer than the ``prefetch_depth`` blocks
+   of backward it hides under. The model's best count among the plans whose footprint fits
+   (ties to the smaller ``n``) heads a short list with both extremes (all recomputed, all
+   swapped) and two neighbours of the best.
+2. **Profile.** Like Fuyou's profiling iteration, each listed plan is simulated
+   (:data:`PROFILE_ITERATIONS` iterations) and the fastest feasible one is kept.
+
+When no plan fits, ``n`` is 0 and the simulator's fit check reports why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes, footprint
+from offsim.plan.time_bound import time_lower_bound
+from offsim.policies.per_block import PerBlockConfig
+
+#: Relative slack under which two estimates count as equal (then the smaller swap count wins).
+TIE_TOLERANCE = 1e-6
+#: Iterations each short-listed plan is simulated for (one warm-up, one measured).
+PROFILE_ITERATIONS = 2
+
+
+@dataclass(frozen=True)
+class SwapCandidate:
+    """One swap count and what the bottleneck model predicts for it.
+
+    Attributes:
+        blocks: blocks whose activations are swapped (the first ones in forward order).
+        bound_s: the closed-form bound of that plan (:func:`time_lower_bound`), seconds.
+        estimate_s: the bound with the GPU term raised by the read stalls, seconds.
+        binding: the resource that sets the estimate (``gpu_serial``, ``h2d``, ``nvme``, ...).
+        fits: the plan's memory footprint fits every tier.
+        simulated_s: the profiled (simulated) iteration time when short-listed; ``inf`` when
+            the simulation found it infeasible; None when not profiled.
+    """
+
+    blocks: int
+    bound_s: float
+    estimate_s: float
+    binding: str
+    fits: bool
+    simulated_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SwapChoice:
+    """The chosen swap count, out of ``total_blocks``, and every candidate evaluated."""
+
+    blocks: int
+    total_blocks: int
+    candidates: tuple[SwapCandidate, ...]
+
+    @property
+    def chosen(self) -> SwapCandidate:
+        """The candidate for the chosen count."""
+        return self.candidates[self.blocks]
+
+
+def per_block_plan(cfg: RunConfig, swapped: int, total_blocks: int,
+                   tier: Literal["cpu", "nvme"]) -> RunConfig:
+    """``cfg`` with the activation policy "swap the first ``swapped`` blocks to ``tier``,
+    recompute the others"."""
+    st = cfg.strategy
+    act = PerBlockConfig(offload=swapped, recompute=total_blocks - swapped, tier=tier)
+    pol = st.policies.model_copy(update={"activations": act})
+    return cfg.model_copy(update={"strategy": st.model_copy(update={"policies": pol})})
+
+
+def swap_stalls_s(cfg: RunConfig, sz: StateSizes, tier: Literal["cpu", "nvme"], n: int) -> float:
+    """GPU seconds per micro-batch that ``n`` swapped blocks wait for their copies.
+
+    Out (forward): each block's full activations go GPU -> host (pinned PCIe) and, for NVMe,
+    on to the array at the rank's share of its write rate; with the staging pool holding
+    fewer than two blocks the two legs run one after the other. At most ``depth + 2`` blocks
+    may be in flight, so the forward of the swapped blocks cannot run ahead of the copies by
+    more than ``depth + 1`` blocks: stall = max(0, (n - depth - 1) x out - (n - 1) x forward).
+    Back (backward): NVMe read then host -> GPU, started ``depth`` blocks ahead: per block
+    max(0, back - depth x block backward)."""
+    if n == 0:
+        return 0.0
+    block = next(lay for lay in sz.layers if lay.is_block)
+    hw, st = cfg.hardware, cfg.strategy
+    nbytes = block.act_full_bytes
+    out_s = nbytes / hw.host_link.d2h.pinned.peak_bytes_per_s
+    back_s = nbytes / hw.host_link.h2d.pinned.peak_bytes_per_s
+    if tier == "nvme" and hw.nvme is not None:
+        write_s = nbytes * sz.ranks_per_node / hw.nvme.write_bytes_per_s
+        pipelined = st.pinned_buffer_count * st.pinned_buffer_bytes >= 2 * nbytes
+        out_s = max(out_s, write_s) if pipelined else out_s + write_s
+        back_s += nbytes * sz.ranks_per_node / hw.nvme.read_bytes_per_s
+    depth = st.prefetch_depth
+    forward = max(0.0, (n - depth - 1) * out_s - (n - 1) * block.fwd_s)
+    backward = n * max(0.0, back_s - depth * block.bwd_s)
+    return forward + backward
+
+
+def swap_candidates(cfg: RunConfig, sz: StateSizes, tier: Literal["cpu", "nvme"]) -> list[SwapCandidate]:
+    """The estimate and the fit of every swap count from 0 to the number of blocks."""
+    total = sum(1 for lay in sz.layers if lay.is_block)
+    ga = cfg.workload.training.grad_accumulation
+    out = []
+    for n in range(total + 1):
+        plan = per_block_plan(cfg, n, total, tier)
+        bound = time_lower_bound(plan, sz)
+        stall = ga * swap_stalls_s(cfg, sz, tier, n)
+        terms = {**bound.terms_s, "gpu_serial": bound.terms_s["gpu_serial"] + stall}
+        binding = max(terms, key=lambda k: terms[k])
+        fits = footprint(plan, sz).first_overflow() is None
+        out.append(SwapCandidate(n, bound.seconds, terms[binding], binding, fits))
+    return out
+
+
+def model_choice(cands: list[SwapCandidate]) -> int | None:
+    """The fitting count with the least estimate (ties to the smaller); None if none fits."""
+    fitting = [c for c in cands if c.fits]
+    if not fitting:
+        return None
+    best_s = min(c.estimate_s for c in fitting)
+    return min(c.blocks for c in fitting if c.estimate_s <= best_s * (1 + TIE_TOLERANCE))
+
+
+def short_list(cands: list[SwapCandidate], best: int) -> list[int]:
+    """The counts to profile: the model's best, its neighbours an eighth of the blocks away,
+    and both extremes, those that fit, in ascending order."""
+    total = len(cands) - 1
+    step = max(1, total // 8)
+    wanted = {0, total, best, max(0, best - step), min(total, best + step)}
+    return sorted(n for n in wanted if cands[n].fits)
+
+
+def profile_s(cfg: RunConfig, n: int, total: int, tier: Literal["cpu", "nvme"]) -> float:
+    """Simulated steady iteration time of the plan with ``n`` swapped blocks; ``inf`` when the
+    simulation finds it does not fit."""
+    from offsim.engine.run import simulate  # the engine plans through this module
+
+    plan = per_block_plan(cfg, n, total, tier)
+    plan = plan.model_copy(update={"iterations": PROFILE_ITERATIONS, "warmup_iterations": 1})
+    m = simulate(plan).metrics
+    return m.iteration_time_s if m.feasible and m.iteration_time_s is not None else math.inf
+
+
+def choose_swap_blocks(cfg: RunConfig, sz: StateSizes, tier: Literal["cpu", "nvme"]) -> SwapChoice:
+    """Model, short list, profile (module docstring). Memoised per configuration."""
+    key = (cfg.model_dump_json(), tier)
+    if key not in _CHOICES:
+        if len(_CHOICES) >= _CACHE_SIZE:
+            _CHOICES.pop(next(iter(_CHOICES)))
+        _CHOICES[key] = _choose(cfg, sz, tier)
+    return _CHOICES[key]
+
+
+_CACHE_SIZE = 64
+_CHOICES: dict[tuple[str, str], SwapChoice] = {}
+
+
+def _choose(cfg: RunConfig, sz: StateSizes, tier: Literal["cpu", "nvme"]) -> SwapChoice:
+    cands = swap_candidates(cfg, sz, tier)
+    total = len(cands) - 1
+    best = model_choice(cands)
+    if best is None:
+        return SwapChoice(0, total, tuple(cands))
+    timed = {n: profile_s(cfg, n, total, tier) for n in short_list(cands, best)}
+    for n, t in timed.items():
+        cands[n] = dataclasses.replace(cands[n], simulated_s=t)
+    fastest = min(timed, key=lambda n: (timed[n], n))
+    chosen = best if math.isinf(timed[fastest]) else fastest
+    return SwapChoice(chosen, total, tuple(cands))

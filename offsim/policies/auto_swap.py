@@ -1,0 +1,43 @@
+"""Fuyou's automatic activation swapping (Liao et al., arXiv 2403.06504): the first blocks swap
+their activations to ``tier``, the others are recomputed, and how many swap is chosen by a cost
+model before the run (:mod:`offsim.plan.swap_amount`), not by the user."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from offsim.config.base import Frozen
+from offsim.errors import PolicyError
+from offsim.policies.base import ActivationDecision, BuildContext
+from offsim.policies.per_block import PerBlockActivations
+
+if TYPE_CHECKING:
+    from offsim.plan.model import Layer
+
+
+class AutoSwapConfig(Frozen):
+    """``{kind: auto-swap, tier: nvme}``."""
+
+    kind: Literal["auto-swap"] = "auto-swap"
+    tier: Literal["cpu", "nvme"] = "nvme"
+
+    def build(self, ctx: BuildContext) -> AutoSwapActivations:
+        """The policy, with the swap count the planner chose (``ctx.swap_blocks``)."""
+        if ctx.swap_blocks is None:
+            raise PolicyError("activations policy auto-swap: built without the planner's swap amount "
+                              "(use offsim.plan.policy_plan.activation_decisions)")
+        return AutoSwapActivations(ctx.swap_blocks, ctx.swap_total_blocks, self.tier, ctx.swap_note)
+
+
+class AutoSwapActivations:
+    """Swap the first ``swapped`` blocks, recompute the rest (a per-block plan with a chosen n)."""
+
+    def __init__(self, swapped: int, total_blocks: int, tier: Literal["cpu", "nvme"], note: str = "") -> None:
+        self._plan = PerBlockActivations(swapped, total_blocks - swapped, tier)
+        self.swapped = swapped
+        self.name = f"auto-swap({swapped} of {total_blocks} blocks to {tier}, rest recomputed{note})"
+
+    def plan(self, layers: Sequence[Layer]) -> Sequence[ActivationDecision]:
+        """Decisions in layer order."""
+        return self._plan.plan(layers)
