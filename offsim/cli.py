@@ -67,6 +67,8 @@ def print_metrics_table(result) -> None:  # noqa: ANN001 - RunResult, imported l
         t.add_row(f"peak {tier}", gib(b))
     for link, b in m.traffic_bytes.model_dump().items():
         t.add_row(f"traffic {link} / iteration", f"{b / 1e9:.3f} GB")
+    if m.activation_policy is not None:
+        t.add_row("activations", m.activation_policy)
     for name, c in m.cache.items():
         rate = "-" if c.hit_rate is None else f"{100 * c.hit_rate:.0f} %"
         t.add_row(f"cache {name} ({c.policy})",

@@ -65,6 +65,8 @@ class RunMetrics(BaseModel):
     traffic_bytes: Traffic = Traffic()
     iteration_times_s: list[float] = []
     cache: dict[str, CacheStats] = Field(default={}, description="per-cache statistics (offsim.cache_stats)")
+    activation_policy: str | None = Field(default=None, description="the activation policy as run (e.g. the "
+                                          "swap amount auto-swap chose); None: the strategy's placement")
 
 
 def steady_iterations(cfg: RunConfig, rec: Recorder) -> tuple[list[int], list[float]]:

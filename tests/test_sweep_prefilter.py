@@ -39,7 +39,7 @@ AXES = {
     "dram_cache_gib": [0.0, 0.3, 1.5],
     "strategy.sub_group_params": [1e7, 1e9],
     "policy": ["reuse-distance", "lru", "belady"],
-    "activation_policy": ["placement", "keep", "recompute", "offload-cpu"],
+    "activation_policy": ["placement", "keep", "recompute", "offload-cpu", "auto-swap"],
 }
 PLAN = make_plan("tiny", "tiny", "zero-offload", grid={"strategy": STRATEGIES})  # resolves the strategy files
 

@@ -11,6 +11,7 @@ from offsim.engine.simulate import run_engine
 from offsim.errors import InfeasibleError
 from offsim.metrics import RunMetrics, steady_iterations, summarize
 from offsim.plan.footprint import check_fit, footprint, state_sizes
+from offsim.plan.policy_plan import activation_policy, custom_activations
 from offsim.results import RunResult
 
 
@@ -30,5 +31,7 @@ def simulate(cfg: RunConfig, on_iteration: Callable[[int, int], None] | None = N
         metrics = RunMetrics(feasible=False, infeasible_reason=str(exc), infeasible_tier=exc.tier)
         return RunResult(cfg, metrics, footprint_bytes=fp_dict, wall_time_s=time.perf_counter() - t0)
     metrics = summarize(cfg, rec, ledger.peak)
-    metrics = metrics.model_copy(update={"cache": cache_stats(rec, steady_iterations(cfg, rec)[0])})
+    act = activation_policy(cfg, sz).name if custom_activations(cfg) else None
+    metrics = metrics.model_copy(update={"cache": cache_stats(rec, steady_iterations(cfg, rec)[0]),
+                                         "activation_policy": act})
     return RunResult(cfg, metrics, rec, fp_dict, events, time.perf_counter() - t0)

@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from offsim.errors import ConfigError, PolicyError
-from offsim.policies import ActivationDecision, BuildContext
+from offsim.policies import ActivationDecision, ActivationPolicy, BuildContext
 from offsim.policies.auto_swap import AutoSwapConfig
 from offsim.policies.bucket import BucketConfig
 from offsim.policies.lookahead import LookaheadConfig
@@ -43,11 +43,9 @@ def custom_activations(cfg: RunConfig) -> bool:
     return not isinstance(cfg.strategy.policies.activations, PlacementConfig)
 
 
-def activation_decisions(cfg: RunConfig, sz: StateSizes) -> list[ActivationDecision]:
-    """The activation policy's decisions, checked: one per layer, recompute only for blocks,
-    NVMe only when the profile has it."""
-    layers = sz.layers
-    ctx = build_context(cfg, len(layers), 0.0)
+def activation_policy(cfg: RunConfig, sz: StateSizes) -> ActivationPolicy:
+    """The built activation policy (``auto-swap`` with the swap amount its planner chose)."""
+    ctx = build_context(cfg, len(sz.layers), 0.0)
     chosen = cfg.strategy.policies.activations
     if isinstance(chosen, AutoSwapConfig):
         from offsim.plan.swap_amount import choose_swap_blocks  # it reads this module's plans
@@ -59,7 +57,14 @@ def activation_decisions(cfg: RunConfig, sz: StateSizes) -> list[ActivationDecis
             note += f", profiled {c.simulated_s:.3g} s"
         ctx = dataclasses.replace(ctx, swap_blocks=choice.blocks, swap_total_blocks=choice.total_blocks,
                                   swap_note=note)
-    policy = chosen.build(ctx)
+    return chosen.build(ctx)
+
+
+def activation_decisions(cfg: RunConfig, sz: StateSizes) -> list[ActivationDecision]:
+    """The activation policy's decisions, checked: one per layer, recompute only for blocks,
+    NVMe only when the profile has it."""
+    layers = sz.layers
+    policy = activation_policy(cfg, sz)
     out = list(policy.plan(layers))
     where = f"activations policy '{policy.name}'"
     if [d.layer for d in out] != [lay.index for lay in layers]:

@@ -40,7 +40,8 @@ from offsim.policies.per_block import PerBlockConfig
 
 #: Relative slack under which two estimates count as equal (then the smaller swap count wins).
 TIE_TOLERANCE = 1e-6
-#: Iterations each short-listed plan is simulated for (one warm-up, one measured).
+#: Iterations each short-listed plan is simulated for (one warm-up, one measured; one more with
+#: the delayed parameter update, whose last iteration is not measured).
 PROFILE_ITERATIONS = 2
 
 
@@ -158,7 +159,8 @@ def profile_s(cfg: RunConfig, n: int, total: int, tier: Literal["cpu", "nvme"]) 
     from offsim.engine.run import simulate  # the engine plans through this module
 
     plan = per_block_plan(cfg, n, total, tier)
-    plan = plan.model_copy(update={"iterations": PROFILE_ITERATIONS, "warmup_iterations": 1})
+    iterations = PROFILE_ITERATIONS + (1 if cfg.strategy.delayed_param_update else 0)
+    plan = plan.model_copy(update={"iterations": iterations, "warmup_iterations": 1})
     m = simulate(plan).metrics
     return m.iteration_time_s if m.feasible and m.iteration_time_s is not None else math.inf
 
