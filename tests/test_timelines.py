@@ -178,3 +178,20 @@ def test_swapped_activations_throttle_forward_and_are_prefetched_in_backward(tin
     assert gpu == [("block2 backward", 4.25, 4.75), ("block1 backward", 4.75, 5.25),
                    ("block0 backward", 5.75, 6.25)]
     assert _phases(rec)["forward"] == pytest.approx(1.25)
+
+
+def test_layerwise_grad_buffers_make_backward_wait_for_the_cpu_update(tiny_profile, tiny_workload) -> None:
+    """Layer-wise CPU updates with one host gradient buffer (Fuyou's synchronous out-of-core
+    optimizer): a layer's buffer is held from its gradient copy until its update is done.
+
+    Per layer: copy 1 GB of bf16 gradients down (1 s), cast to the 2 GB fp32 buffer (3 GB of
+    DRAM at 10 GB/s, 0.3 s), CPU Adam (5e8 params at 1e9/s, 0.5 s), updated params back up
+    (1 s): 2.8 s. Forward ends at 0.75. B2 [0.75,1.25]; its buffer is held [1.25,4.05]. B1
+    [1.25,1.75] waits for the buffer [1.75,4.05]; B0 [4.05,4.55] waits [4.55,6.85]."""
+    fields = dict(zero_stage=0, prefetch_depth=0, optimizer_device="cpu", optimizer_schedule="layerwise",
+                  placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+    rec = _run(tiny_profile, tiny_workload, strategy(**fields, layerwise_grad_buffers=1), fwd_s=0.25, bwd_s=0.5)
+    stalls = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "host gradient" in s.name]
+    assert stalls == [(pytest.approx(1.75), pytest.approx(4.05)), (pytest.approx(4.55), pytest.approx(6.85))]
+    whole = _run(tiny_profile, tiny_workload, strategy(**fields), fwd_s=0.25, bwd_s=0.5)
+    assert not [s for s in whole.spans if s.resource == "gpu_stall" and "host gradient" in s.name]

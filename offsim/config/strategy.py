@@ -156,6 +156,14 @@ class Strategy(Frozen):
     overlap_grad_offload: bool = True
     delayed_param_update: bool = False
     optimizer_schedule: Literal["after-backward", "layerwise"] = "after-backward"
+    layerwise_grad_buffers: int | None = Field(
+        default=None, ge=1,
+        description="with optimizer_schedule layerwise and one micro-batch per step: host "
+                    "gradients are held only for layers awaiting their CPU update, in this many "
+                    "layer-sized buffers (backward waits for a free one), instead of a whole-model "
+                    "fp32 gradient buffer (Fuyou's synchronous out-of-core optimizer consumes "
+                    "gradients as they arrive); none: the whole-model buffer",
+    )
     grad_compression_ratio: float = Field(default=1.0, ge=1.0)
     grad_compression_flop_per_param: float = Field(default=0.0, ge=0)
     activation_checkpointing: bool | None = None
@@ -244,6 +252,8 @@ class Strategy(Frozen):
                 f"placement.params '{p.params}' (parameter offload) needs zero_stage 3, as in DeepSpeed "
                 "(or replicated_param_swap for per-GPU swapping of full replicas)"
             )
+        if self.layerwise_grad_buffers is not None and self.optimizer_schedule != "layerwise":
+            raise ValueError("layerwise_grad_buffers needs optimizer_schedule 'layerwise'")
         if self.optimizer_schedule == "layerwise" and (self.optimizer_device != "cpu" or self.delayed_param_update):
             raise ValueError("optimizer_schedule 'layerwise' needs optimizer_device 'cpu' and no delayed_param_update")
         if self.grad_compression_ratio > 1.0 and self.optimizer_schedule != "layerwise":

@@ -32,6 +32,7 @@ from offsim.plan.footprint import (
     StateSizes,
     capacities,
     grad_buffer_bytes,
+    layerwise_grad_buffers,
     params_streamed,
     pfs_share,
     round_pinned,
@@ -84,6 +85,10 @@ class Engine:
         # gradient buffers on the GPU waiting for their copy to the host (double buffering, as
         # DeepSpeed's reduce buckets): backward stalls when both are still in flight
         self.grad_slots = simpy.Resource(self.env, capacity=2)
+        # layer-wise schedule consuming gradients as they arrive: host gradient buffers, each
+        # held from the layer's copy to the end of its CPU update (None: a whole-model buffer)
+        buffers = layerwise_grad_buffers(cfg)
+        self.host_grad_slots = None if buffers is None else simpy.Resource(self.env, capacity=buffers)
         self.act_offload: dict[int, simpy.Process] = {}
         self.act_fetch: dict[int, simpy.Process] = {}  # activations on their way back to the GPU
         self.act_leaving: list[simpy.Event] = []  # offloads whose bytes still occupy the GPU
@@ -338,10 +343,14 @@ class Engine:
             return
         if self.st.grad_compression_ratio > 1.0:  # projected on the compute stream, before the copy
             yield from self._compute(self._compress_s(layer), "grad_compress", layer)
+        host_slot = None
+        if self.host_grad_slots is not None and self.layer_host_share[layer.index] > 0:
+            host_slot = self.host_grad_slots.request()
+            yield from self._wait(host_slot, layer, "a free host gradient buffer")
         slot = self.grad_slots.request()
         yield from self._wait(slot, layer, "a free gradient buffer")
         meta = self._meta("grad_offload", f"{layer.name} grads", layer.index)
-        proc = self.env.process(self._offload_grads(layer, mb, slot, meta))
+        proc = self.env.process(self._offload_grads(layer, mb, slot, meta, host_slot))
         if self.st.overlap_grad_offload:
             self.pending.append(proc)
         else:
@@ -352,7 +361,10 @@ class Engine:
             name = f"GPU Adam {layer.name} (GPU-resident share)"
             yield from self._gpu_adam(self.cur.iteration, params, name)
 
-    def _offload_grads(self, layer: Layer, mb: int, slot: simpy.Event, meta: dict) -> Generator:
+    def _offload_grads(self, layer: Layer, mb: int, slot: simpy.Event, meta: dict,
+                       host_slot: simpy.Event | None = None) -> Generator:
+        """Copy a layer's gradients home; ``host_slot`` is its host gradient buffer under a
+        layer-wise schedule with bounded buffers (released when its update is done)."""
         full = layer.params * self.bpp_grad
         held = min(full, self.grad_buffer_bytes)
         self.ledger.alloc("gpu", held, f"{layer.name} gradient buffer")
@@ -370,12 +382,17 @@ class Engine:
         local_params = layer.params / self.sz.grad_part / ratio * share
         hg = self.sz.host_grad_bytes_per_param
         last = mb == self.cfg.workload.training.grad_accumulation - 1
+        host = "host_pinned" if self.st.pin_memory else "host_pageable"
+        if host_slot is not None:
+            self.ledger.alloc(host, local_params * hg, f"{layer.name} host gradient buffer")
         if self.layerwise and local_params <= 0:  # all of it is updated on the GPU
             return
         if self.layerwise and last:  # the gradient stays in DRAM for the update that follows
             acc = {**meta, "kind": "grad_accumulate", "name": f"{layer.name} grads accumulate"}
             yield from self._on_stream("grad_host", self.io.host_copy(local_params * (self.bpp_grad + hg), **acc))
             update = self._on_stream("cpu_update", self._update_layer(layer, meta["iteration"]))
+            if host_slot is not None:
+                update = self._then_release(update, host_slot, host, local_params * hg)
             self.layer_updates.append(self.env.process(update))
         elif self.st.placement.grads == "nvme":
             cast = {**meta, "kind": "grad_cast", "name": f"{layer.name} grads to fp32"}
@@ -387,6 +404,13 @@ class Engine:
             acc = {**meta, "kind": "grad_accumulate", "name": f"{layer.name} grads accumulate"}
             dram = local_params * (self.bpp_grad + (2 if mb else 1) * hg)
             yield from self._on_stream("grad_host", self.io.host_copy(dram, **acc))
+
+    def _then_release(self, work: Generator, slot: simpy.Event, tier: str, nbytes: float) -> Generator:
+        """Run ``work``, then free a host gradient buffer (its bytes and its slot)."""
+        yield from work
+        self.ledger.free(tier, nbytes)
+        assert self.host_grad_slots is not None
+        self.host_grad_slots.release(slot)
 
     def _compress_s(self, layer: Layer) -> float:
         """GPU seconds to project a layer's gradient before its copy (LSP-Offload)."""
@@ -654,7 +678,7 @@ class Engine:
         self.ledger.alloc(tier, total, "params")
         if pl.grads == "gpu":
             self.ledger.alloc("gpu", sz.grad_bytes / sz.grad_part, "grads")
-        else:
+        elif self.host_grad_slots is None:
             g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param * self.host_share
             self.ledger.alloc(_home_rank_tier(pl.grads, pinned), self._pinned_groups(g, pl.grads), "grads")
         o = sz.local_params * sz.optimizer_bytes_per_param * self.host_share

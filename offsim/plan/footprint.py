@@ -123,6 +123,24 @@ def _home_tier(home: str, pinned: bool) -> str:
     return {"gpu": "gpu", "nvme": "nvme"}.get(home, "host_pinned" if pinned else "host")
 
 
+def layerwise_grad_buffers(cfg: RunConfig) -> int | None:
+    """Host gradient buffers of a layer-wise schedule that consumes gradients as they arrive
+    (``strategy.layerwise_grad_buffers``, one micro-batch per step, gradients off the GPU);
+    None when the whole-model fp32 gradient buffer is kept (gradient accumulation needs it)."""
+    st = cfg.strategy
+    if st.layerwise_grad_buffers is None or st.placement.grads == "gpu":
+        return None
+    if cfg.workload.training.grad_accumulation > 1:
+        return None
+    return st.layerwise_grad_buffers
+
+
+def host_grad_buffer_bytes(sz: StateSizes) -> float:
+    """Bytes of one layer-sized host gradient buffer: the largest layer's local gradients in
+    the optimizer's format."""
+    return max(lay.params for lay in sz.layers) / sz.grad_part * sz.host_grad_bytes_per_param
+
+
 def _static_states(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
     """Resident model state in its home tier (per rank)."""
     st = cfg.strategy
@@ -132,8 +150,14 @@ def _static_states(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float
     per_layer = [layer.params * sz.param_bytes / sz.params_total / sz.param_part for layer in sz.layers]
     nbytes = sum(round_pinned(b, alloc) for b in per_layer) if tier == "host_pinned" else params_local
     _add(bd, tier, "params (16-bit)", nbytes)
+    buffers = layerwise_grad_buffers(cfg)
     if pl.grads == "gpu":
         _add(bd, "gpu", "grads (16-bit)", sz.grad_bytes / sz.grad_part)
+    elif buffers is not None:
+        g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
+        _add(bd, "host_pinned" if pin else "host", f"grads (optimizer format), {buffers} layer buffers",
+             buffers * round_pinned(host_grad_buffer_bytes(sz), alloc) if pin else buffers * host_grad_buffer_bytes(sz))
+        _add(bd, "gpu", "grads (optimizer format) of the GPU-updated share", g * st.optimizer_gpu_fraction)
     else:
         g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
         _add(bd, _home_tier(pl.grads, pin), "grads (optimizer format)",
