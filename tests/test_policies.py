@@ -289,6 +289,14 @@ def test_per_block_and_offload() -> None:
         PerBlockConfig(offload=3, recompute=2).build(_ctx()).plan(_layers(4))
 
 
+def test_per_block_checkpoints_wait_in_their_tier() -> None:
+    """checkpoint_tier: the recomputed blocks' inputs wait in host memory (Fuyou's save_on_cpu,
+    DeepSpeed's cpu_checkpointing); swapped and kept blocks are unchanged."""
+    plan = PerBlockConfig(offload=1, recompute=2, tier="nvme", checkpoint_tier="cpu").build(_ctx()).plan(_layers(4))
+    assert [(d.tier, d.recompute) for d in plan] == [
+        ("gpu", False), ("nvme", False), ("cpu", True), ("cpu", True), ("gpu", False), ("gpu", False)]
+
+
 def _ctx():
     from offsim.policies.base import BuildContext
 

@@ -274,3 +274,21 @@ def test_hardware_flops_count_the_recompute_a_policy_chose() -> None:
     expected = (model_flop_per_iteration(wl) + extra) / m.iteration_time_s / 1e12
     assert m.hardware_tflops_per_gpu == pytest.approx(expected, rel=1e-9)
     assert m.hardware_tflops_per_gpu > m.tflops_per_gpu
+
+
+def test_checkpoints_on_the_host_leave_the_gpu_and_come_back() -> None:
+    """tiny, 4 blocks all recomputed, checkpoints on the host: each block's 16-bit input (2sbh
+    bytes) goes D2H in forward and H2D in backward, for the blocks outside the last one, and
+    the GPU peak falls by the checkpoints it no longer holds."""
+    wl = _workload(layers=4)
+    on_gpu = _strategy("zero-offload", policies={"activations": {"kind": "per-block", "recompute": 4}})
+    on_cpu = _strategy("zero-offload", policies={"activations": {"kind": "per-block", "recompute": 4,
+                                                                 "checkpoint_tier": "cpu"}})
+    a, b = _run(on_gpu, wl).metrics, _run(on_cpu, wl).metrics
+    t = wl.training
+    ckpt_bytes = 2.0 * t.seq_len * t.micro_batch * wl.model.hidden
+    moved = 4 * ckpt_bytes * t.grad_accumulation
+    assert b.traffic_bytes.d2h - a.traffic_bytes.d2h == pytest.approx(moved)
+    assert b.traffic_bytes.h2d - a.traffic_bytes.h2d == pytest.approx(moved)
+    assert b.peak_bytes.gpu < a.peak_bytes.gpu
+    assert b.peak_bytes.host_pinned > a.peak_bytes.host_pinned

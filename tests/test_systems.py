@@ -108,19 +108,41 @@ def test_tba_overhead_is_negligible() -> None:
     assert tba.iteration_time_s <= 1.2 * keep.iteration_time_s
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Fuyou reports 156 vs 45 TFLOPS over ZeRO-Infinity for GPT-3 13B on an RTX 4090 (3.5x; "
-    "LoHan, v2 of the paper, says 2.32x); on the fuyou-4090-testbed profile (SSD array assumed: 4 "
-    "drives, 10/5 GB/s) both systems are bound by the SSD traffic of the 13B optimizer state "
-    "(~156 GB read and written per step), which Fuyou overlaps with backward and ZeRO-Infinity "
-    "runs after it: 22.2 vs 17.5 TFLOPS at micro-batch 8 (1.26x; 1.28x at micro-batch 1-4), and "
-    "the automatic swap amount recomputes every block. The paper's SSD count, DRAM use and "
-    "batch size were not read"))
-def test_fuyou_beats_zero_infinity_on_a_4090() -> None:
-    wl = variant("gpt3-13b", micro_batch=8, flash_attention=True)
-    zi = run("fuyou-4090-testbed", wl, "zero-infinity-nvme")
+def _fuyou_13b(micro_batch: int):
+    """Fuyou's benchmark shape (workloads/fuyou-gpt3-13b.yaml) at ``micro_batch`` sequences."""
+    wl = load_workload("fuyou-gpt3-13b")
+    return wl.model_copy(update={"training": wl.training.model_copy(update={"micro_batch": micro_batch})})
+
+
+def _zero_infinity_cpu_checkpointing():
+    """ZeRO-Infinity as Fuyou/LoHan ran it (ICDE'25 slides): parameters and optimizer state on
+    NVMe, block-input checkpoints offloaded to DRAM (DeepSpeed ``cpu_checkpointing``)."""
+    st = load_strategy("zero-infinity-nvme")
+    return st.model_copy(update={"placement": st.placement.model_copy(update={"activations": "cpu"})})
+
+
+def test_fuyou_beats_zero_infinity_at_the_same_batch() -> None:
+    """Fuyou (arXiv 2403.06504, abstract: 156 vs 45 TFLOPS for GPT-3 13B on an RTX 4090; LoHan v2:
+    2.32x over the best baseline): direction, at batch 32 on the artifact's testbed (12 SSDs).
+    Fuyou overlaps the SSD traffic of the optimizer step with backward, ZeRO-Infinity runs it
+    after backward. Generous range around the claims: 1.2x to 6x."""
+    wl = _fuyou_13b(32)
+    zi = run("fuyou-4090-testbed", wl, _zero_infinity_cpu_checkpointing())
     fy = run("fuyou-4090-testbed", wl, "fuyou")
-    assert 2.0 <= fy.tflops_per_gpu / zi.tflops_per_gpu <= 6.0
+    assert 1.2 <= fy.tflops_per_gpu / zi.tflops_per_gpu <= 6.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Fuyou reports 156 vs 45 TFLOPS over ZeRO-Infinity for GPT-3 13B on an RTX 4090 (3.5x; LoHan, "
+    "v2 of the paper, says 2.32x). On the artifact's testbed (12 SSDs) offsim reproduces Fuyou's own "
+    "figures at batch 32-64 (validation/cases.yaml fuyou-4090-13b-*: 141-143 vs 143-156 hardware "
+    "TFLOPS) but predicts ZeRO-Infinity (CPU checkpointing) at 95 hardware / 71 model TFLOPS at batch "
+    "32, its largest batch that fits, so Fuyou's best over ZeRO-Infinity's best is ~1.5x. The paper's "
+    "45 TFLOPS run (its batch and DeepSpeed configuration) is not published in what was read"))
+def test_fuyou_headline_over_zero_infinity() -> None:
+    fy = run("fuyou-4090-testbed", _fuyou_13b(64), "fuyou")
+    zi = run("fuyou-4090-testbed", _fuyou_13b(32), _zero_infinity_cpu_checkpointing())
+    assert 2.0 <= fy.hardware_tflops_per_gpu / zi.hardware_tflops_per_gpu <= 6.0
 
 
 def _with_dram_gib(profile: str, gib: float):

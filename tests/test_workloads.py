@@ -32,6 +32,8 @@ NOMINAL: dict[str, tuple[float, float]] = {
     # GPT-3 paper (arXiv 2005.14165) Table 2.1: 13.0B and 175.0B.
     "gpt3-13b": (13.0e9, 0.02),
     "gpt3-175b": (175e9, 0.01),
+    # Fuyou's benchmark shape of GPT-3 13B (github.com/Crispig/Ratel): no LM head, so 13.0B.
+    "fuyou-gpt3-13b": (13.0e9, 0.02),
     # ZeRO-Offload (arXiv 2101.06840) Table 3: "10B" = 12*L*h^2 (10.07e9) rounded; embeddings add 2%.
     "zero-offload-10b": (10e9, 0.03),
     # ZeRO-Infinity (arXiv 2104.07857): 1T on one DGX-2.
@@ -269,3 +271,24 @@ def test_hf_bad_seq_len_argument_names_training_field(tmp_path: Path) -> None:
 )
 def test_workload_name_is_sanitized(path: str, name: str) -> None:
     assert workload_name(Path(path)) == name
+
+
+def test_no_lm_head_drops_its_flops_and_logits() -> None:
+    """``lm_head: false`` (Fuyou's benchmark: MSE loss on the last hidden state): the head layer
+    keeps only the final norm, no ``2 t h V`` GEMM and no fp32 softmax of ``4 t V`` bytes."""
+    from offsim import load_profile
+    from offsim.plan.model import build_layers, model_flop_per_iteration
+
+    with_head = load_workload("gpt3-13b")
+    shape = with_head.model.model_copy(update={"lm_head": False})
+    without = with_head.model_copy(update={"model": shape})
+    gpu = load_profile("rtx4090-pcie4-ws").gpu
+    head_with, head_without = build_layers(with_head, gpu)[-1], build_layers(without, gpu)[-1]
+    t = with_head.training.tokens_per_micro_batch
+    h, v = with_head.model.hidden, with_head.model.vocab
+    assert head_with.fwd_flop == pytest.approx(2.0 * t * h * v)
+    assert head_without.fwd_flop == 0.0
+    assert head_without.act_full_bytes == pytest.approx(2.0 * t * h)
+    assert model_flop_per_iteration(with_head) - model_flop_per_iteration(without) == pytest.approx(3 * 2.0 * t * h * v)
+    # tied embeddings: the head adds no weights either way, only the final norm
+    assert shape.head_params == with_head.model.head_params

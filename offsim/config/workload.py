@@ -36,6 +36,10 @@ class ModelShape(Frozen):
         bias: linear layers carry biases (GPT-2/GPT-3/OPT) or not (Llama).
         tied_embeddings: the LM head reuses the token embedding.
         learned_positions: a learned position table of ``max_positions x hidden``.
+        lm_head: the loss reads the logits of an LM head (``vocab x hidden`` GEMM, fp32
+            softmax kept for backward); false: the loss reads the final hidden state (no head
+            GEMM or logits), as in Fuyou's released benchmark (github.com/Crispig/Ratel,
+            ``gpt_model.py``: MSE loss on the last hidden state).
     """
 
     layers: int = Field(ge=1)
@@ -49,6 +53,7 @@ class ModelShape(Frozen):
     tied_embeddings: bool = False
     learned_positions: bool = False
     max_positions: int = Field(default=2048, ge=1)
+    lm_head: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> ModelShape:
@@ -87,8 +92,8 @@ class ModelShape(Frozen):
 
     @property
     def head_params(self) -> int:
-        """Final norm plus the LM head (zero extra weights when tied)."""
-        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        """Final norm plus the LM head (zero extra weights when tied or without a head)."""
+        head = 0 if (self.tied_embeddings or not self.lm_head) else self.vocab * self.hidden
         return head + self.hidden * (2 if self.bias else 1)
 
     @property

@@ -140,19 +140,35 @@ def build_layers(wl: Workload, gpu: GPU) -> list[Layer]:
     for i in range(m.layers):
         layers.append(Layer(i + 1, f"block{i}", m.block_params, block_flop, fwd_block, 2 * fwd_block,
                             act_block, hidden_bytes, block_grads))
-    head_flop = 2.0 * tokens * m.hidden * m.vocab
-    head_s = _gemm_time_s(gpu, wl.precision.compute, head_flop)
-    # The loss keeps the fp32 softmax of the logits for backward (Megatron-LM's vocab-parallel
-    # cross-entropy); the 16-bit logits are transient, about the size of the logits' gradient.
+    layers.append(_head_layer(wl, gpu, m.layers + 1, hidden_bytes))
+    return layers
+
+
+def head_flop(wl: Workload) -> float:
+    """Forward FLOPs of the LM head per micro-batch (0 when the loss reads the hidden state)."""
+    m = wl.model
+    return 2.0 * wl.training.tokens_per_micro_batch * m.hidden * m.vocab if m.lm_head else 0.0
+
+
+def _head_layer(wl: Workload, gpu: GPU, index: int, hidden_bytes: float) -> Layer:
+    """Final norm and LM head. The loss keeps the fp32 softmax of the logits for backward
+    (Megatron-LM's vocab-parallel cross-entropy); the 16-bit logits are transient, about the size
+    of the logits' gradient. Without a head only the final norm's output remains (elementwise,
+    at HBM bandwidth)."""
+    m, tokens = wl.model, wl.training.tokens_per_micro_batch
+    flop = head_flop(wl)
+    if not m.lm_head:
+        norm_s = 2 * hidden_bytes / gpu.hbm_bytes_per_s
+        return Layer(index, "head", m.head_params, 0.0, norm_s, 2 * norm_s, hidden_bytes, hidden_bytes, hidden_bytes)
+    head_s = _gemm_time_s(gpu, wl.precision.compute, flop)
     softmax_bytes = 4.0 * tokens * m.vocab
     logits_grad_bytes = 2.0 * tokens * m.vocab
-    layers.append(Layer(m.layers + 1, "head", m.head_params, head_flop, head_s, 2 * head_s,
-                        softmax_bytes + hidden_bytes, softmax_bytes + hidden_bytes, logits_grad_bytes))
-    return layers
+    return Layer(index, "head", m.head_params, flop, head_s, 2 * head_s,
+                 softmax_bytes + hidden_bytes, softmax_bytes + hidden_bytes, logits_grad_bytes)
 
 
 def model_flop_per_iteration(wl: Workload) -> float:
     """Model FLOPs of one optimizer step on one GPU (forward + backward, no recompute)."""
     m = wl.model
-    per_micro = m.layers * sum(block_gemms(wl)) + 2.0 * wl.training.tokens_per_micro_batch * m.hidden * m.vocab
+    per_micro = m.layers * sum(block_gemms(wl)) + head_flop(wl)
     return 3.0 * per_micro * wl.training.grad_accumulation

@@ -84,9 +84,10 @@ class SwapChoice:
 def per_block_plan(cfg: RunConfig, swapped: int, total_blocks: int,
                    tier: Literal["cpu", "nvme"]) -> RunConfig:
     """``cfg`` with the activation policy "swap the first ``swapped`` blocks to ``tier``,
-    recompute the others"."""
+    recompute the others" (their checkpoints where the configured policy keeps them)."""
     st = cfg.strategy
-    act = PerBlockConfig(offload=swapped, recompute=total_blocks - swapped, tier=tier)
+    ckpt_tier = getattr(st.policies.activations, "checkpoint_tier", "gpu")
+    act = PerBlockConfig(offload=swapped, recompute=total_blocks - swapped, tier=tier, checkpoint_tier=ckpt_tier)
     pol = st.policies.model_copy(update={"activations": act})
     return cfg.model_copy(update={"strategy": st.model_copy(update={"policies": pol})})
 

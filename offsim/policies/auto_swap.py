@@ -17,26 +17,31 @@ if TYPE_CHECKING:
 
 
 class AutoSwapConfig(Frozen):
-    """``{kind: auto-swap, tier: nvme}``."""
+    """``{kind: auto-swap, tier: nvme, checkpoint_tier: cpu}``: swapped blocks go to ``tier``,
+    the checkpoints of recomputed blocks wait in ``checkpoint_tier`` (as in per-block)."""
 
     kind: Literal["auto-swap"] = "auto-swap"
     tier: Literal["cpu", "nvme"] = "nvme"
+    checkpoint_tier: Literal["gpu", "cpu", "nvme"] = "gpu"
 
     def build(self, ctx: BuildContext) -> AutoSwapActivations:
         """The policy, with the swap count the planner chose (``ctx.swap_blocks``)."""
         if ctx.swap_blocks is None:
             raise PolicyError("activations policy auto-swap: built without the planner's swap amount "
                               "(use offsim.plan.policy_plan.activation_decisions)")
-        return AutoSwapActivations(ctx.swap_blocks, ctx.swap_total_blocks, self.tier, ctx.swap_note)
+        return AutoSwapActivations(ctx.swap_blocks, ctx.swap_total_blocks, self.tier, ctx.swap_note,
+                                   self.checkpoint_tier)
 
 
 class AutoSwapActivations:
     """Swap the first ``swapped`` blocks, recompute the rest (a per-block plan with a chosen n)."""
 
-    def __init__(self, swapped: int, total_blocks: int, tier: Literal["cpu", "nvme"], note: str = "") -> None:
-        self._plan = PerBlockActivations(swapped, total_blocks - swapped, tier)
+    def __init__(self, swapped: int, total_blocks: int, tier: Literal["cpu", "nvme"], note: str = "",
+                 checkpoint_tier: Literal["gpu", "cpu", "nvme"] = "gpu") -> None:
+        self._plan = PerBlockActivations(swapped, total_blocks - swapped, tier, checkpoint_tier)
         self.swapped = swapped
-        self.name = f"auto-swap({swapped} of {total_blocks} blocks to {tier}, rest recomputed{note})"
+        where = "" if checkpoint_tier == "gpu" else f", checkpoints on {checkpoint_tier}"
+        self.name = f"auto-swap({swapped} of {total_blocks} blocks to {tier}, rest recomputed{where}{note})"
 
     def plan(self, layers: Sequence[Layer]) -> Sequence[ActivationDecision]:
         """Decisions in layer order."""

@@ -1,6 +1,9 @@
 """A placement chosen per transformer block (ProTrain, Yang et al., arXiv 2406.08334, block-wise
 activation management): the first ``offload`` blocks swap their activations to ``tier``, the
 next ``recompute`` blocks are checkpointed, the remaining blocks keep theirs in HBM.
+A checkpointed block's input (the checkpoint) waits in ``checkpoint_tier``: HBM by default, or
+host memory / NVMe as DeepSpeed's ``cpu_checkpointing`` and Fuyou do (Fuyou's released code,
+github.com/Crispig/Ratel ``gpt_model.py``, saves checkpoint inputs through ``save_on_cpu``).
 
 Early blocks are the ones to swap: backward reaches them last, so their transfers have the most
 time to hide. The embedding and the LM head keep their activations in HBM.
@@ -22,26 +25,30 @@ if TYPE_CHECKING:
 
 
 class PerBlockConfig(Frozen):
-    """``{kind: per-block, offload: 4, recompute: 8, tier: cpu}``."""
+    """``{kind: per-block, offload: 4, recompute: 8, tier: cpu, checkpoint_tier: gpu}``."""
 
     kind: Literal["per-block"] = "per-block"
     offload: int = Field(default=0, ge=0)
     recompute: int = Field(default=0, ge=0)
     tier: Literal["cpu", "nvme"] = "cpu"
+    checkpoint_tier: Literal["gpu", "cpu", "nvme"] = "gpu"
 
     def build(self, ctx: BuildContext) -> PerBlockActivations:
         """The policy."""
-        return PerBlockActivations(self.offload, self.recompute, self.tier)
+        return PerBlockActivations(self.offload, self.recompute, self.tier, self.checkpoint_tier)
 
 
 class PerBlockActivations:
     """Swap the first blocks, recompute the next ones, keep the rest."""
 
-    def __init__(self, offload: int, recompute: int, tier: Literal["cpu", "nvme"]) -> None:
+    def __init__(self, offload: int, recompute: int, tier: Literal["cpu", "nvme"],
+                 checkpoint_tier: Literal["gpu", "cpu", "nvme"] = "gpu") -> None:
         self.offload = offload
         self.recompute = recompute
         self.tier = tier
-        self.name = f"per-block(offload {offload} to {tier}, recompute {recompute})"
+        self.checkpoint_tier = checkpoint_tier
+        where = "" if checkpoint_tier == "gpu" else f", checkpoints on {checkpoint_tier}"
+        self.name = f"per-block(offload {offload} to {tier}, recompute {recompute}{where})"
 
     def plan(self, layers: Sequence[Layer]) -> Sequence[ActivationDecision]:
         """Decisions in layer order; blocks are numbered from 0 in forward order."""
@@ -57,5 +64,5 @@ class PerBlockActivations:
                 out.append(ActivationDecision(lay.index, False, self.tier))
             else:
                 recompute = self.offload <= k < self.offload + self.recompute
-                out.append(ActivationDecision(lay.index, recompute, "gpu"))
+                out.append(ActivationDecision(lay.index, recompute, self.checkpoint_tier if recompute else "gpu"))
         return out
