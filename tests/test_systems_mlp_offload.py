@@ -105,11 +105,16 @@ def test_delayed_grad_conversion_halves_grad_bytes_on_storage() -> None:
 
 
 WL_70B = variant("llama2-70b", seq_len=2048, data_parallel=4)
+#: The baseline as the artifact's scripts run it: DeepSpeed ZeRO-3 with the optimizer on NVMe and
+#: sub_group_size 1e8 (scripts/config-n-run.sh sets it for every run). With DeepSpeed's default
+#: 1e9 the 4 ranks' host buffers (64 GiB pinned 16-bit gradients each, rounded up, plus the
+#: pageable copy made while pinning) exceed the node's 460.8 GiB usable DRAM in offsim.
+BASELINE_70B = load_strategy("zero-infinity-nvme").model_copy(update={"sub_group_params": 1e8})
 
 
 def test_mlp_offload_is_faster_than_zero_infinity_nvme() -> None:
     """Direction of the headline on a Polaris node with Grand: fewer NVMe bytes, shorter step."""
-    zi = run(HW, WL_70B, "zero-infinity-nvme").metrics
+    zi = run(HW, WL_70B, BASELINE_70B).metrics
     mlp = run(HW, WL_70B, "mlp-offload").metrics
     assert mlp.traffic_bytes.nvme_read < zi.traffic_bytes.nvme_read
     assert mlp.iteration_time_s < zi.iteration_time_s
@@ -119,7 +124,7 @@ def test_mlp_offload_headline_speedup() -> None:
     """MLP-Offload (arXiv 2509.02480) abstract: 2.5x faster iterations than state-of-the-art
     runtimes (DeepSpeed ZeRO-3, optimizer on NVMe), models up to 280B; the artifact's 70B logs
     show 370 s vs 151 s per iteration (2.45x). Generous range: 1.5x to 4x."""
-    zi = run(HW, WL_70B, "zero-infinity-nvme").metrics
+    zi = run(HW, WL_70B, BASELINE_70B).metrics
     mlp = run(HW, WL_70B, "mlp-offload").metrics
     assert 1.5 <= zi.iteration_time_s / mlp.iteration_time_s <= 4.0
 

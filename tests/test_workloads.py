@@ -34,6 +34,9 @@ NOMINAL: dict[str, tuple[float, float]] = {
     "gpt3-175b": (175e9, 0.01),
     # Fuyou's benchmark shape of GPT-3 13B (github.com/Crispig/Ratel): no LM head, so 13.0B.
     "fuyou-gpt3-13b": (13.0e9, 0.02),
+    # TBA / SSDTrain gives shapes, not sizes: 12 L h^2 = 5.44e9 for (12288, 3); the embeddings
+    # (31,546 x 12288) add 7%.
+    "tba-bert-12k": (12 * 3 * 12288**2, 0.08),
     # ZeRO-Offload (arXiv 2101.06840) Table 3: "10B" = 12*L*h^2 (10.07e9) rounded; embeddings add 2%.
     "zero-offload-10b": (10e9, 0.03),
     # ZeRO-Infinity (arXiv 2104.07857): 1T on one DGX-2.

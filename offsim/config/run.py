@@ -40,11 +40,16 @@ class RunConfig(Frozen):
                 f"'{hw.name}' has no nvme block"
             )
         gpus = hw.topology.gpus_per_node * hw.topology.nodes
-        if wl.training.data_parallel > gpus:
+        t = wl.training
+        if t.data_parallel * t.tensor_parallel > gpus:
             raise ValueError(
-                f"workload '{wl.name}' training.data_parallel={wl.training.data_parallel} exceeds the "
-                f"{gpus} GPUs of hardware profile '{hw.name}' (topology.gpus_per_node x nodes)"
+                f"workload '{wl.name}' training.data_parallel={t.data_parallel} x tensor_parallel="
+                f"{t.tensor_parallel} exceeds the {gpus} GPUs of hardware profile '{hw.name}' "
+                "(topology.gpus_per_node x nodes)"
             )
+        if t.tensor_parallel > hw.topology.gpus_per_node:
+            raise ValueError(f"workload '{wl.name}' training.tensor_parallel={t.tensor_parallel} spans more than "
+                             f"one node of hardware profile '{hw.name}' ({hw.topology.gpus_per_node} GPUs per node)")
         if self.warmup_iterations >= self.iterations:
             raise ValueError("warmup_iterations must be below iterations")
         return self

@@ -118,7 +118,10 @@ class Strategy(Frozen):
         grad_compression_flop_per_param: GPU FLOPs per gradient element for that projection.
         activation_checkpointing: overrides the workload's setting when given.
         host_allocator: ``caching`` rounds each pinned allocation up to a power of two (PyTorch
-            CachingHostAllocator); ``exact`` pins exactly what is asked (MemAscend).
+            CachingHostAllocator); ``exact`` pins exactly what is asked (MemAscend's
+            alignment-free pinned allocation).
+        max_in_cpu_params / optimizer_buffer_count / param_swap_pool / pin_by_copy /
+            overflow_check: DeepSpeed ZeRO-3 host buffers and MemAscend's fixes (see each field).
         policies: cache, prefetch, activation and optimizer-order policies (:class:`Policies`).
         optimizer_gpu_fraction: share f of the rank's optimizer state and fp32 gradients that
             lives on the GPU and is updated there (HBM-bound GPU Adam) while the CPU updates the
@@ -168,6 +171,52 @@ class Strategy(Frozen):
     grad_compression_flop_per_param: float = Field(default=0.0, ge=0)
     activation_checkpointing: bool | None = None
     host_allocator: Literal["caching", "exact"] = "caching"
+    # DeepSpeed ZeRO-3 offload host buffers (v0.16.9 source) and MemAscend's fixes (Liaw and
+    # Chen, arXiv 2505.23254): used when the strategy runs DeepSpeed's ZeRO-3 offload path
+    # (offsim.plan.footprint.deepspeed_zero3_offload); the defaults are DeepSpeed's behaviour.
+    max_in_cpu_params: float = Field(
+        default=1e9, ge=0,
+        description="parameters (elements) DeepSpeed keeps in one pinned 16-bit CPU buffer when parameters "
+                    "are offloaded to NVMe (offload_param.max_in_cpu, default 1e9, offload_config.py); "
+                    "stage3.py _create_param_groups_fp16_flat_cpu_memory pins min(partition, this) elements, "
+                    "and a sub-group that does not fit whole stays on NVMe",
+    )
+    optimizer_buffer_count: int = Field(
+        default=4, ge=1,
+        description="pinned fp32 swap buffers for NVMe optimizer state, each the size of the largest "
+                    "sub-group (offload_optimizer.buffer_count, default 4; swap_tensor/utils.py "
+                    "SwapBufferManager allocates them as separate tensors)",
+    )
+    param_swap_pool: Literal["fixed", "adaptive"] = Field(
+        default="fixed",
+        description="fixed: DeepSpeed's parameter swap pool, one pinned tensor of buffer_count x "
+                    "buffer_size 16-bit elements (partitioned_param_swapper.py _configure_aio), buffer_size "
+                    "raised to the largest parameter partition as a working configuration must (DeepSpeed "
+                    "issue #3506); adaptive: MemAscend's adaptive buffer pool, sized to the parameter "
+                    "tensors in flight (the largest sum of buffer_count consecutive partitions in fetch "
+                    "order)",
+    )
+    pin_by_copy: bool = Field(
+        default=True,
+        description="true: pinned tensors are made as DeepSpeed makes them, tensor.pin_memory() on a "
+                    "torch.zeros tensor (accelerator/cuda_accelerator.py pin_memory), so the written "
+                    "pageable source and its pinned copy coexist until the source is freed; false: pinned "
+                    "zeros are allocated directly (MemAscend's lower peak system memory; "
+                    "zeros_cuda_host_alloc_pinned in github.com/DandinPower/zero-overhead-pinned-memory)",
+    )
+    overflow_check: Literal["separate", "fused"] = Field(
+        default="separate",
+        description="separate: DeepSpeed's fp16 overflow check, torch.isinf then torch.isnan over the whole "
+                    "16-bit host gradient buffer (stage3.py has_overflow; isinf is abs() == inf, "
+                    "aten TensorCompare.cpp), pageable temporaries of (2 + 1) B per element at each step; "
+                    "skipped for bf16 (stage3.py _overflow_check_and_loss_scale_update); fused: MemAscend's "
+                    "fused overflow check, no temporaries",
+    )
+    gpudirect_storage: bool = Field(
+        default=False,
+        description="activations bound for NVMe move GPU <-> SSD directly (NVIDIA GPUDirect Storage, "
+                    "cuFile/kvikio, as TBA/SSDTrain does): no pinned staging buffer, no host DRAM traffic; "
+                    "the transfer holds the GPU's PCIe direction and the array at once")
     policies: Policies = Policies()
     # MLP-Offload (Maurya et al., SC 2025, arXiv 2509.02480): multi-path optimizer-state I/O
     pfs_share: float = Field(

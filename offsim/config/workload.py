@@ -110,6 +110,10 @@ class Training(Frozen):
         micro_batch: sequences per GPU per forward/backward.
         grad_accumulation: micro-batches per optimizer step.
         data_parallel: data-parallel ranks (GPUs); ZeRO partitions state over them.
+        tensor_parallel: GPUs that split every block's weights, GEMMs and most activations
+            (Megatron-LM, Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3), without sequence
+            parallelism; each data-parallel rank is ``tensor_parallel`` GPUs. offsim simulates one
+            GPU of the group (the others run the same schedule).
         activation_checkpointing: keep only each block's input and recompute the rest in
             backward (Chen et al. 2016; Megatron's full recompute).
         flash_attention: attention does not materialise the ``s x s`` score matrix.
@@ -119,6 +123,7 @@ class Training(Frozen):
     micro_batch: int = Field(default=1, ge=1)
     grad_accumulation: int = Field(default=1, ge=1)
     data_parallel: int = Field(default=1, ge=1)
+    tensor_parallel: int = Field(default=1, ge=1)
     activation_checkpointing: bool = True
     flash_attention: bool = True
 

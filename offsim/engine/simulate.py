@@ -31,8 +31,13 @@ from offsim.engine.transfers import Transfers, duplex_rule, resource_capacities
 from offsim.plan.footprint import (
     StateSizes,
     capacities,
+    deepspeed_host_init,
+    deepspeed_zero3_offload,
+    first_step_state_bytes,
     grad_buffer_bytes,
+    home_param_bytes,
     layerwise_grad_buffers,
+    overflow_check_bytes,
     params_streamed,
     pfs_share,
     round_pinned,
@@ -72,6 +77,8 @@ class Engine:
         self.bpp_param = sz.param_bytes / sz.params_total
         self.bpp_grad = sz.grad_bytes / sz.params_total
         self.ckpt = cfg.activation_checkpointing
+        self.tp = cfg.workload.training.tensor_parallel
+        self.hidden_bytes = 2.0 * cfg.workload.training.tokens_per_micro_batch * cfg.workload.model.hidden
         self.streamed = params_streamed(cfg)
         self.grad_buffer_bytes = grad_buffer_bytes(cfg, sz)
         self.layerwise = self.st.optimizer_schedule == "layerwise"
@@ -150,8 +157,9 @@ class Engine:
 
     def _on_flow_done(self, flow: Flow) -> None:
         m = flow.meta
-        self.rec.span(Span(m["iteration"], m["phase"], m["resource"], m["kind"], flow.name,
-                           m.get("layer", -1), flow.start_s, self.env.now, flow.size_bytes))
+        for resource in (m["resource"], *m.get("also_on", ())):  # a GDS flow is NVMe and PCIe traffic
+            self.rec.span(Span(m["iteration"], m["phase"], resource, m["kind"], flow.name,
+                               m.get("layer", -1), flow.start_s, self.env.now, flow.size_bytes))
 
     def _meta(self, kind: str, name: str, layer: int = -1) -> dict:
         return {"iteration": self.cur.iteration, "phase": self.cur.phase, "kind": kind, "name": name,
@@ -222,9 +230,16 @@ class Engine:
 
     def _offload_activation(self, layer: Layer, meta: dict, off_gpu: simpy.Event) -> Generator:
         """GPU -> host (-> NVMe). Activations bound for NVMe pass through the pinned staging
-        buffers (taken for the copy and the write), so host memory stays within that pool.
+        buffers (taken for the copy and the write), so host memory stays within that pool, or
+        go straight to the array with GPUDirect Storage.
         ``off_gpu`` fires when the bytes have left the GPU."""
         nbytes = self._kept_bytes(layer)
+        if self._act_tier(layer) == "nvme" and self.st.gpudirect_storage:
+            yield from self._on_stream("act_nvme", self.io.gds("write", nbytes, **meta))
+            self.ledger.free("gpu", nbytes)
+            off_gpu.succeed()
+            self.ledger.alloc("nvme", nbytes, f"{layer.name} activations on nvme")
+            return
         if self._act_tier(layer) == "nvme":
             take = min(nbytes, self.staging.capacity)
             yield self.staging.get(take)
@@ -253,6 +268,10 @@ class Engine:
         yield self.act_offload.pop(layer.index)
         nbytes = self._kept_bytes(layer)
         self.ledger.alloc("gpu", nbytes, f"{layer.name} activations back")
+        if self._act_tier(layer) == "nvme" and self.st.gpudirect_storage:
+            yield from self._on_stream("act_nvme", self.io.gds("read", nbytes, **meta))
+            self.ledger.free("nvme", nbytes)
+            return
         if self._act_tier(layer) == "nvme":
             take = min(nbytes, self.staging.capacity)
             yield self.staging.get(take)
@@ -280,6 +299,7 @@ class Engine:
         transient = layer.act_full_bytes if kept < layer.act_full_bytes else 0.0
         self.ledger.alloc("gpu", kept + transient, f"{layer.name} activations")
         yield from self._compute(layer.fwd_s, "forward", layer)
+        yield from self._tp_allreduce(layer, "forward")
         self.ledger.free("gpu", transient)
         if self._offloads_activation(layer):
             meta = self._meta("act_offload", f"{layer.name} activations", layer.index)
@@ -289,6 +309,18 @@ class Engine:
             yield from self._throttle_offloads(layer)
         if self.fetcher is not None and self.streamed:
             self.fetcher.after(op_index)
+
+    def _tp_allreduce(self, layer: Layer, what: str) -> Generator:
+        """Tensor parallelism: a block's two all-reduces of its 16-bit ``sbh`` output (after the
+        attention and the MLP) in forward and recompute, two of the input gradients in backward
+        (Megatron-LM, arXiv 1909.08053 Fig. 3: f and g operators); the GPU waits for them."""
+        if self.tp == 1 or not layer.is_block:
+            return
+        meta = self._meta("tp_allreduce", f"{layer.name} {what} all-reduce", layer.index)
+        start = self.env.now
+        yield from self.io.tensor_parallel_allreduce(self.hidden_bytes, 2, **meta)
+        self.rec.span(Span(self.cur.iteration, self.cur.phase, "gpu_stall", "stall",
+                           f"{layer.name} waits for tensor-parallel all-reduce", layer.index, start, self.env.now))
 
     def _start_activation_fetch(self, layer: Layer) -> simpy.Process:
         meta = self._meta("act_fetch", f"{layer.name} activations", layer.index)
@@ -327,7 +359,9 @@ class Engine:
         self.ledger.alloc("gpu", work, f"{layer.name} backward working memory")
         if recompute:
             yield from self._compute(layer.fwd_s, "recompute", layer)
+            yield from self._tp_allreduce(layer, "recompute")
         yield from self._compute(layer.bwd_s, "backward", layer)
+        yield from self._tp_allreduce(layer, "backward")
         self.ledger.free("gpu", work + kept)
         yield from self._gradients(layer, mb)
         if self.fetcher is not None and self.streamed:
@@ -484,6 +518,7 @@ class Engine:
         return [local / n] * n
 
     def _cpu_step(self, iteration: int) -> Generator:
+        self._overflow_check()
         groups = self._subgroups()
         order = self.hooks.group_order(iteration, len(groups))
         on_gpu = self._plan_gpu_groups(iteration, groups, order)
@@ -532,11 +567,12 @@ class Engine:
         nbytes, staged = self._group_state_bytes(params)
         if nbytes <= 0:
             return
+        self._first_step_states(iteration, g, params, alloc=True)
         if self.opt_cache is not None:
             yield from self.opt_cache.read(iteration, g, params)
             return
         self.hooks.uncached_group(iteration, g, params)
-        self.ledger.alloc("host_pinned", round_pinned(staged, self.st.host_allocator), f"sub-group {g} swap buffer")
+        self.ledger.alloc("host_pinned", self._group_swap_buffer(staged), f"sub-group {g} swap buffer")
         meta = self._span_meta(iteration, "optimizer_swap_in", f"sub-group {g} state in")
         yield from self.io.nvme_read(nbytes, **meta)
 
@@ -545,13 +581,41 @@ class Engine:
         nbytes, staged = self._group_state_bytes(params)
         if self.opt_cache is not None:
             yield from self.opt_cache.write(iteration, g, params)
+            self._first_step_states(iteration, g, params, alloc=False)
             yield from self._params_home(iteration, g, params)
             return
         if pl.optimizer_states == "nvme":
             meta = self._span_meta(iteration, "optimizer_swap_out", f"sub-group {g} state out")
             yield from self.io.nvme_write(params * sz.optimizer_bytes_per_param, **meta)
-        self.ledger.free("host_pinned", round_pinned(staged, self.st.host_allocator))
+        self.ledger.free("host_pinned", self._group_swap_buffer(staged))
+        if nbytes > 0:
+            self._first_step_states(iteration, g, params, alloc=False)
         yield from self._params_home(iteration, g, params)
+
+    def _group_swap_buffer(self, staged: float) -> float:
+        """Pinned bytes a sub-group's swap takes while in flight: its state rounded by the
+        allocator; none on DeepSpeed's ZeRO-3 path, whose swap buffers are a pool allocated once
+        at start-up (:func:`~offsim.plan.footprint.deepspeed_host_init`)."""
+        if deepspeed_zero3_offload(self.cfg):
+            return 0.0
+        return round_pinned(staged, self.st.host_allocator)
+
+    def _first_step_states(self, iteration: int, g: int, params: float, alloc: bool) -> None:
+        """DeepSpeed's first step: CPU Adam creates the sub-group's moments as pageable tensors,
+        released once swapped out (:func:`~offsim.plan.footprint.first_step_state_bytes`)."""
+        nbytes = first_step_state_bytes(self.cfg, params) if iteration == 0 else 0.0
+        if alloc:
+            self.ledger.alloc("host_pageable", nbytes, f"sub-group {g} moments made by the first step")
+        else:
+            self.ledger.free("host_pageable", nbytes)
+
+    def _overflow_check(self) -> None:
+        """DeepSpeed's fp16 overflow check before the sub-group loop: its temporaries are
+        allocated and freed at once (:func:`~offsim.plan.footprint.overflow_check_bytes`); its
+        CPU time is not modelled."""
+        nbytes = overflow_check_bytes(self.cfg, self.sz)
+        self.ledger.alloc("host_pageable", nbytes, "overflow check temporaries (isinf, isnan)")
+        self.ledger.free("host_pageable", nbytes)
 
     def _params_home(self, iteration: int, g: int, params: float) -> Generator:
         """Send the sub-group's updated 16-bit parameters to where they live."""
@@ -672,10 +736,7 @@ class Engine:
         sz, pl, st = self.sz, self.st.placement, self.st
         self.ledger.alloc("gpu", self.cfg.hardware.gpu.reserved_bytes, "reserved")
         pinned = st.pin_memory
-        per_layer = [lay.params * self.bpp_param / sz.param_part for lay in self.layers]
-        tier = _home_rank_tier(pl.params, pinned)
-        total = sum(round_pinned(b, st.host_allocator) for b in per_layer) if tier == "host_pinned" else sum(per_layer)
-        self.ledger.alloc(tier, total, "params")
+        self.ledger.alloc(_home_rank_tier(pl.params, pinned), home_param_bytes(self.cfg, sz), "params")
         if pl.grads == "gpu":
             self.ledger.alloc("gpu", sz.grad_bytes / sz.grad_part, "grads")
         elif self.host_grad_slots is None:
@@ -687,9 +748,21 @@ class Engine:
         self.ledger.alloc(_home_rank_tier(pl.optimizer_states, pinned),
                           self._pinned_groups(o * (1.0 - on_pfs), pl.optimizer_states), "optimizer state")
         self.ledger.alloc("pfs", o * on_pfs, "optimizer state striped to the PFS")
-        if st.uses_nvme():
+        if deepspeed_zero3_offload(self.cfg):
+            self._allocate_deepspeed_host()
+        elif st.uses_nvme():
             pinned = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
             self.ledger.alloc("host_pinned", pinned, "pinned staging buffers")
+
+    def _allocate_deepspeed_host(self) -> None:
+        """Replay DeepSpeed ZeRO-3's host set-up in order: persistent swap buffers and gradient
+        partitions, and the transient pageable copies and scratch on the way
+        (:func:`~offsim.plan.footprint.deepspeed_host_init`)."""
+        for s in deepspeed_host_init(self.cfg, self.sz):
+            if s.nbytes > 0:
+                self.ledger.alloc(s.tier, s.nbytes, s.what)
+            else:
+                self.ledger.free(s.tier, -s.nbytes)
 
     def _pinned_groups(self, nbytes: float, home: str) -> float:
         if home != "cpu" or not self.st.pin_memory or self.st.host_allocator != "caching":

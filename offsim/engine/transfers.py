@@ -63,7 +63,7 @@ def resource_capacities(cfg: RunConfig, sz: StateSizes) -> dict[str, float]:
     sharers = min(topo.gpus_per_pcie_switch, n)
     if topo.switch_uplink_gb_per_s is not None and sharers > 1:
         cap["switch_h2d"] = cap["switch_d2h"] = topo.switch_uplink_gb_per_s * 1e9 / sharers
-    if sz.dp > 1:
+    if sz.dp > 1 or cfg.workload.training.tensor_parallel > 1:
         cap["gpu_link_tx"] = cap["gpu_link_rx"] = gpu_link_bytes_per_s(cfg)
     return cap
 
@@ -141,6 +141,23 @@ class Transfers:
         """GPU -> host copy of ``nbytes``."""
         yield from self._dma("d2h", nbytes, pinned, meta)
 
+    def gds(self, direction: str, nbytes: float, **meta: Any) -> Generator:
+        """GPUDirect Storage: ``nbytes`` between GPU memory and the NVMe array with no host
+        bounce buffer (NVIDIA GDS, cuFile). The flow holds the GPU's PCIe direction (``d2h`` for
+        a write, ``h2d`` for a read) and the array at once, not host DRAM; its bytes are
+        recorded as NVMe and as PCIe traffic."""
+        nv = self.cfg.hardware.nvme
+        assert nv is not None  # RunConfig refuses nvme placement without an nvme block
+        link = self.cfg.hardware.host_link
+        pcie = "d2h" if direction == "write" else "h2d"
+        curve = (link.d2h if pcie == "d2h" else link.h2d).pinned
+        rate = nv.read_bytes_per_s if direction == "read" else self.nvme_write_bytes_per_s
+        usage = {"nvme": 1.0 / rate, pcie: 1.0}
+        if self.has_switch:
+            usage[f"switch_{pcie}"] = 1.0
+        cap = min(self._nvme_cap(nbytes, rate), curve.rate_bytes_per_s(nbytes))
+        yield self.net.start(nbytes, usage, cap, {**meta, "resource": f"nvme_{direction}", "also_on": (pcie,)})
+
     def _nvme_cap(self, nbytes: float, array_rate: float) -> float:
         nv = self.cfg.hardware.nvme
         assert nv is not None  # RunConfig refuses nvme placement without an nvme block
@@ -216,7 +233,8 @@ class Transfers:
         yield self.net.start(params * dram_bytes_per_param, usage, _UNCAPPED, {**meta, "resource": "cpu"})
 
     def collective(self, nbytes_full: float, factor: float, **meta: Any) -> Generator:
-        """Ring collective moving ``factor x (dp-1)/dp x nbytes_full`` each way per rank.
+        """Ring collective over the data-parallel ranks moving ``factor x (dp-1)/dp x nbytes_full``
+        each way per rank.
 
         ``factor`` is 1 for all-gather and reduce-scatter, 2 for all-reduce (Patarasuk & Yuan,
         "Bandwidth optimal all-reduce algorithms", JPDC 2009).
@@ -224,8 +242,20 @@ class Transfers:
         if self.cfg.strategy.replicated_param_swap:
             return  # per-GPU swapping has no GPU-to-GPU path: each rank's full gradient is summed in host memory
         dp = self.sz.dp
-        nbytes = factor * (dp - 1) / dp * nbytes_full
+        yield from self._ring(factor * (dp - 1) / dp * nbytes_full, factor * (dp - 1), meta)
+
+    def tensor_parallel_allreduce(self, nbytes_full: float, count: int, **meta: Any) -> Generator:
+        """``count`` ring all-reduces of ``nbytes_full`` each over the tensor-parallel group, one
+        after the other on the compute stream (Megatron-LM's blocking all-reduces after the
+        attention and MLP row-parallel GEMMs, and of their input gradients in backward)."""
+        tp = self.cfg.workload.training.tensor_parallel
+        if tp > 1 and count > 0:
+            yield from self._ring(count * 2.0 * (tp - 1) / tp * nbytes_full, count * 2.0 * (tp - 1), meta)
+
+    def _ring(self, nbytes: float, latency_steps: float, meta: dict[str, Any]) -> Generator:
+        """Ring traffic of ``nbytes`` each way per rank over the GPU link, plus ``latency_steps``
+        link latencies."""
         rate = self.net.capacity["gpu_link_tx"]
-        latency = (dp - 1) * factor * self.cfg.hardware.topology.gpu_link.latency_us * 1e-6
+        latency = latency_steps * self.cfg.hardware.topology.gpu_link.latency_us * 1e-6
         cap = nbytes / (latency + nbytes / rate)
         yield self.net.start(nbytes, {"gpu_link_tx": 1.0, "gpu_link_rx": 1.0}, cap, {**meta, "resource": "gpu_link"})

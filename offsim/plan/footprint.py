@@ -12,10 +12,11 @@ per-rank need times the ranks on the node.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from offsim.config.run import RunConfig
-from offsim.config.workload import DTYPE_BYTES
+from offsim.config.workload import DTYPE_BYTES, ModelShape
 from offsim.errors import InfeasibleError
 from offsim.plan import policy_plan
 from offsim.plan.model import Layer, build_layers
@@ -61,12 +62,13 @@ def state_sizes(cfg: RunConfig) -> StateSizes:
     wl, st, hw = cfg.workload, cfg.strategy, cfg.hardware
     pr = wl.precision
     dp = wl.training.data_parallel
-    p_total = wl.model.total_params
+    layers = tuple(build_layers(wl, hw.gpu))
+    p_total = sum(lay.params for lay in layers)  # the model's, or one tensor-parallel GPU's share
     moments = wl.optimizer.moments
     opt_bpp = DTYPE_BYTES[pr.master_params] + moments * DTYPE_BYTES[pr.optimizer_moments]
     return StateSizes(
         dp=dp,
-        ranks_per_node=min(dp, hw.topology.gpus_per_node),
+        ranks_per_node=min(dp * wl.training.tensor_parallel, hw.topology.gpus_per_node),
         params_total=p_total,
         param_bytes=p_total * DTYPE_BYTES[pr.params],
         grad_bytes=p_total * DTYPE_BYTES[pr.grads],
@@ -75,7 +77,7 @@ def state_sizes(cfg: RunConfig) -> StateSizes:
         param_part=dp if st.zero_stage >= 3 else 1,
         grad_part=dp if st.zero_stage >= 2 else 1,
         opt_part=dp if st.zero_stage >= 1 else 1,
-        layers=tuple(build_layers(wl, hw.gpu)),
+        layers=layers,
     )
 
 
@@ -145,11 +147,7 @@ def _static_states(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float
     """Resident model state in its home tier (per rank)."""
     st = cfg.strategy
     pl, pin, alloc = st.placement, st.pin_memory, st.host_allocator
-    params_local = sz.param_bytes / sz.param_part
-    tier = _home_tier(pl.params, pin)
-    per_layer = [layer.params * sz.param_bytes / sz.params_total / sz.param_part for layer in sz.layers]
-    nbytes = sum(round_pinned(b, alloc) for b in per_layer) if tier == "host_pinned" else params_local
-    _add(bd, tier, "params (16-bit)", nbytes)
+    _add(bd, _home_tier(pl.params, pin), "params (16-bit)", home_param_bytes(cfg, sz))
     buffers = layerwise_grad_buffers(cfg)
     if pl.grads == "gpu":
         _add(bd, "gpu", "grads (16-bit)", sz.grad_bytes / sz.grad_part)
@@ -190,7 +188,8 @@ def _rounded_groups(nbytes: float, cfg: RunConfig, alloc: str, home: str, pinned
     """Host state is allocated per optimizer sub-group; round each when pinned by a caching allocator."""
     if home != "cpu" or not pinned or alloc != "caching":
         return nbytes
-    groups = max(1, math.ceil(cfg.workload.model.total_params / cfg.strategy.sub_group_params))
+    params = cfg.workload.model.total_params / cfg.workload.training.tensor_parallel
+    groups = max(1, math.ceil(params / cfg.strategy.sub_group_params))
     return groups * round_pinned(nbytes / groups, alloc)
 
 
@@ -247,8 +246,8 @@ def _policy_activations(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, 
     _add(bd, "gpu", "activations kept for backward", sum(kept[i] for i in on["gpu"]))
     moved = on["cpu"] + on["nvme"]
     if moved:
-        depth = cfg.strategy.prefetch_depth
-        _add(bd, "gpu", "activations in flight", (depth + 2) * max(kept[i] for i in moved))
+        in_flight = min(cfg.strategy.prefetch_depth + 2, len(moved))  # never more than are moved
+        _add(bd, "gpu", "activations in flight", in_flight * max(kept[i] for i in moved))
     host = "host_pinned" if cfg.strategy.pin_memory else "host"
     _add(bd, host, "offloaded activations", sum(kept[i] for i in on["cpu"]))
     _add(bd, "nvme", "offloaded activations", sum(kept[i] for i in on["nvme"]))
@@ -258,7 +257,10 @@ def _policy_activations(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, 
 
 def _host_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
     st = cfg.strategy
-    if st.uses_nvme():
+    deepspeed = deepspeed_zero3_offload(cfg)
+    if deepspeed:
+        _deepspeed_host(cfg, sz, bd)
+    elif st.uses_nvme():
         n = st.pinned_buffer_count
         _add(bd, "host_pinned", "pinned staging buffers", n * round_pinned(st.pinned_buffer_bytes, st.host_allocator))
     cache = policy_plan.dram_cache_bytes(cfg, sz)
@@ -271,13 +273,269 @@ def _host_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]
         _add(bd, "host_pinned" if st.pin_memory else "host", "offloaded activations", kept)
     elif st.placement.activations == "nvme":
         _add(bd, "nvme", "offloaded activations", kept)
-    if "nvme" in (st.placement.optimizer_states, st.placement.grads):
+    if "nvme" in (st.placement.optimizer_states, st.placement.grads) and not deepspeed:
         group = min(st.sub_group_params, sz.local_params)
         per_param = (sz.optimizer_bytes_per_param if st.placement.optimizer_states == "nvme" else 0.0) + (
             sz.host_grad_bytes_per_param if st.placement.grads == "nvme" else 0.0)
         in_flight = 3 if st.optimizer_swap_pipeline else 1  # reading, updating, writing
         _add(bd, "host_pinned", "optimizer swap buffers",
              in_flight * round_pinned(group * per_param, st.host_allocator))
+    elif deepspeed and cache > 0 and st.placement.grads == "nvme":
+        _cache_grad_buffers(cfg, sz, bd)
+
+
+def _cache_grad_buffers(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
+    """With a DRAM cache over NVMe optimizer state (an offsim policy, not DeepSpeed's), the
+    engine's cache pins each sub-group's gradients read from NVMe while the sub-group is in flight
+    (:class:`~offsim.engine.optimizer_cache.OptimizerCache`), beside DeepSpeed's swap pool."""
+    st = cfg.strategy
+    group = min(st.sub_group_params, sz.local_params)
+    in_flight = 3 if st.optimizer_swap_pipeline else 1
+    grads = round_pinned(group * sz.host_grad_bytes_per_param, st.host_allocator)
+    _add(bd, "host_pinned", "sub-group gradient buffers of the DRAM cache", in_flight * grads)
+
+
+# ---------------------------------------------------------------- DeepSpeed ZeRO-3 host buffers
+# Host memory of DeepSpeed's ZeRO-3 offload as DeepSpeed v0.16.9 allocates it (file names below
+# are under deepspeed/runtime/), and MemAscend's fixes as strategy switches (Liaw and Chen,
+# arXiv 2505.23254, abstract: pinned-buffer allocation, fragmentation and peak system memory).
+
+
+def deepspeed_zero3_offload(cfg: RunConfig) -> bool:
+    """True when the strategy runs DeepSpeed ZeRO-3's offload path (zero/stage3.py): stage 3,
+    partitioned (not replicated) parameters, the optimizer on the CPU after backward, gradients
+    off the GPU (``offload_optimizer``). Its host buffers are then counted as DeepSpeed allocates
+    them (:func:`deepspeed_host_init`) instead of offsim's generic staging buffers."""
+    st = cfg.strategy
+    return (st.zero_stage == 3 and not st.replicated_param_swap and st.optimizer_device == "cpu"
+            and st.optimizer_schedule == "after-backward" and st.placement.grads != "gpu")
+
+
+def _model_tensors(model: ModelShape, name: str) -> list[int]:
+    """Elements of each parameter tensor of a whole layer (``embed``, ``block<i>``, ``head``) in
+    Hugging Face module order: the embedding (and learned positions); per block Wq, Wk, Wv, Wo,
+    the MLP matrices, then norms and biases as one small remainder; the final norm, the LM head."""
+    h = model.hidden
+    if name == "embed":
+        return [model.vocab * h] + ([model.max_positions * h] if model.learned_positions else [])
+    if name == "head":
+        norm = h * (2 if model.bias else 1)
+        return [norm] + ([model.head_params - norm] if model.head_params > norm else [])
+    kv = model.kv_heads_count * model.head_dim
+    mats = [h * h, h * kv, h * kv, h * h] + [h * model.ffn_hidden] * (3 if model.mlp == "gated" else 2)
+    rest = model.block_params - sum(mats)
+    return mats + ([rest] if rest > 0 else [])
+
+
+def layer_tensors(model: ModelShape, layer: Layer) -> list[int]:
+    """Elements of each parameter tensor of ``layer`` (:func:`_model_tensors`), scaled to the
+    layer's parameters when it holds a share of each tensor (tensor parallelism); they sum to
+    ``layer.params``."""
+    full = _model_tensors(model, layer.name)
+    total = sum(full)
+    if total == layer.params or total == 0:
+        return full
+    share = [n * layer.params // total for n in full]
+    biggest = share.index(max(share))
+    share[biggest] += layer.params - sum(share)
+    return share
+
+
+def param_partitions(cfg: RunConfig, sz: StateSizes) -> list[int]:
+    """Elements of every parameter tensor's partition on one rank, in module order: ZeRO-3 gives
+    each rank ``ceil(numel / dp)`` elements of each tensor (zero/partition_parameters.py)."""
+    tensors = [n for lay in sz.layers for n in layer_tensors(cfg.workload.model, lay)]
+    return [math.ceil(n / sz.param_part) for n in tensors]
+
+
+def deepspeed_sub_groups(parts: Sequence[int], sub_group_params: float) -> list[int]:
+    """Elements of each optimizer sub-group as DeepSpeed forms them (stage3.py
+    ``_create_fp16_sub_groups``): one group when ``sub_group_size`` covers all, else partitions
+    are added in order and a group closes once it holds ``sub_group_size`` or more elements, so a
+    group can exceed ``sub_group_size`` by up to one tensor."""
+    total = sum(parts)
+    if sub_group_params >= total:
+        return [total]
+    groups, acc = [], 0
+    for k, n in enumerate(parts):
+        acc += n
+        if acc >= sub_group_params or k == len(parts) - 1:
+            groups.append(acc)
+            acc = 0
+    return groups
+
+
+def param_pool_bytes(cfg: RunConfig, parts: Sequence[int], bytes_per_param: float) -> float:
+    """Bytes requested for the parameter swap pool (parameters on NVMe), per rank.
+
+    ``fixed`` (DeepSpeed, swap_tensor/partitioned_param_swapper.py ``_configure_aio``): one
+    tensor of ``buffer_count`` buffers, each ``buffer_size`` elements, one buffer per parameter
+    tensor in flight; ``buffer_size`` must hold the largest parameter partition (DeepSpeed issue
+    #3506: a 524,709,888-element parameter failed against 1e8), so it is raised to it.
+    ``adaptive`` (MemAscend's adaptive buffer pool): buffers sized to the tensors in flight, at
+    most the largest sum of ``buffer_count`` consecutive partitions in fetch order."""
+    st = cfg.strategy
+    count = st.pinned_buffer_count
+    if st.param_swap_pool == "fixed":
+        return count * max(st.pinned_buffer_bytes, max(parts) * bytes_per_param)
+    window = max(sum(parts[k:k + count]) for k in range(max(1, len(parts) - count + 1)))
+    return window * bytes_per_param
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """One step of DeepSpeed's host-memory set-up on one rank: ``nbytes`` > 0 allocates,
+    < 0 releases what an earlier step of the same ``what`` allocated.
+
+    Attributes:
+        tier: ``host_pinned`` or ``host_pageable``.
+        nbytes: bytes (already rounded by the pinned allocator).
+        what: label.
+    """
+
+    tier: str
+    nbytes: float
+    what: str
+
+
+def _pinned(steps: list[HostStep], cfg: RunConfig, what: str, nbytes: float, written: bool) -> None:
+    """A pinned tensor of ``nbytes`` (rounded by ``host_allocator``). DeepSpeed pins by
+    ``tensor.pin_memory()`` (accelerator/cuda_accelerator.py), a pinned copy of a pageable tensor:
+    when the source was written (``torch.zeros``) both are resident until the source is freed;
+    an untouched ``torch.empty`` source maps no pages and is not counted."""
+    if nbytes <= 0:
+        return
+    st = cfg.strategy
+    copy = written and st.pin_by_copy
+    if copy:
+        steps.append(HostStep("host_pageable", nbytes, f"{what}: pageable source of pin_memory()"))
+    steps.append(HostStep("host_pinned", round_pinned(nbytes, st.host_allocator), what))
+    if copy:
+        steps.append(HostStep("host_pageable", -nbytes, f"{what}: pageable source of pin_memory()"))
+
+
+def _scratch(steps: list[HostStep], what: str, nbytes: float) -> None:
+    """A pageable tensor alive for one step of the set-up, then freed."""
+    if nbytes > 0:
+        steps += [HostStep("host_pageable", nbytes, what), HostStep("host_pageable", -nbytes, what)]
+
+
+def _swap_steps(cfg: RunConfig, parts: list[int], groups: list[int], steps: list[HostStep]) -> None:
+    """Buffers of the NVMe swappers, in DeepSpeed's order."""
+    st, pr = cfg.strategy, cfg.workload.precision
+    pl, bpp, fp32 = st.placement, DTYPE_BYTES[pr.params], DTYPE_BYTES[pr.master_params]
+    swapped: list[int] = []
+    if pl.params == "nvme":
+        pool = param_pool_bytes(cfg, parts, bpp)
+        _pinned(steps, cfg, "parameter swap buffers (offload_param)", pool, False)
+        in_cpu = min(sum(parts), st.max_in_cpu_params)  # stage3.py _create_param_groups_fp16_flat_cpu_memory
+        _pinned(steps, cfg, "parameters kept in CPU (offload_param.max_in_cpu)", in_cpu * bpp, False)
+        offset = 0
+        for g in groups:  # a sub-group that does not fit the CPU buffer whole stays on NVMe
+            swapped += [g] if offset + g > in_cpu else []
+            offset += g
+        if swapped:  # stage3.py -> partitioned_param_swapper.reserve_partitioned_swap_space
+            what = "partitioned parameter swap space (largest sub-group, 16-bit)"
+            _pinned(steps, cfg, what, max(groups) * bpp, True)
+    if pl.optimizer_states == "nvme":  # swap_tensor/utils.py SwapBufferManager
+        for _ in range(st.optimizer_buffer_count):
+            _pinned(steps, cfg, "optimizer swap buffers (offload_optimizer)", max(groups) * fp32, True)
+        if swapped:  # stage3.py _create_fp32_partitions: unpinned fp32 copy of a swapped sub-group
+            _scratch(steps, "fp32 master parameters being initialised", max(swapped) * fp32)
+
+
+def deepspeed_host_init(cfg: RunConfig, sz: StateSizes) -> list[HostStep]:
+    """DeepSpeed ZeRO-3 offload's host allocations at start-up, per rank, in order (stage3.py
+    ``__init__``, ``_setup_for_real_optimizer``); empty off that path. Besides the swappers'
+    buffers: the fp32 gradient buffer of the largest sub-group that ``initialize_optimizer_states``
+    zeroes and drops, and ``grad_partitions_flat_buffer``, one 16-bit tensor of every gradient
+    partition, made by ``torch.zeros`` and pinned when ``pin_memory`` (the last allocation; with
+    16-bit host gradients, ``delayed_grad_conversion``, it is their home and counted there)."""
+    if not deepspeed_zero3_offload(cfg):
+        return []
+    st, pr, pl = cfg.strategy, cfg.workload.precision, cfg.strategy.placement
+    parts = param_partitions(cfg, sz)
+    groups = deepspeed_sub_groups(parts, st.sub_group_params)
+    steps: list[HostStep] = []
+    _swap_steps(cfg, parts, groups, steps)
+    fp32 = max(groups) * DTYPE_BYTES[pr.master_params]
+    steps.append(HostStep("host_pageable", fp32, "fp32 gradient buffer of initialize_optimizer_states"))
+    if pl.grads == "cpu" and st.pin_memory and st.pin_by_copy and not st.delayed_grad_conversion:
+        source = max(groups) * sz.host_grad_bytes_per_param
+        _scratch(steps, "pageable source of a pinned fp32 sub-group gradient", source)
+    steps.append(HostStep("host_pageable", -fp32, "fp32 gradient buffer of initialize_optimizer_states"))
+    if not (pl.grads == "cpu" and st.delayed_grad_conversion):
+        flat = sum(parts) * DTYPE_BYTES[pr.grads]
+        what = "16-bit gradient partitions (grad_partitions_flat_buffer)"
+        if st.pin_memory:
+            _pinned(steps, cfg, what, flat, True)
+        else:
+            steps.append(HostStep("host_pageable", flat, what))
+    return steps
+
+
+def host_steps_peak(steps: Sequence[HostStep]) -> tuple[dict[str, float], float]:
+    """Bytes left per tier after ``steps`` and the highest pinned + pageable total on the way."""
+    level = {"host_pinned": 0.0, "host_pageable": 0.0}
+    peak = 0.0
+    for s in steps:
+        level[s.tier] += s.nbytes
+        peak = max(peak, sum(level.values()))
+    return level, peak
+
+
+def first_step_state_bytes(cfg: RunConfig, params: float) -> float:
+    """Pageable bytes CPU Adam creates for one NVMe-homed sub-group's moments at its first step
+    (ops/adam/cpu_adam.py ``zeros_like``), swapped out through the pinned pool and then released
+    (swap_tensor/optimizer_utils.py ``_swap_out_unpinned_tensors``, ``release_memory``)."""
+    st, wl = cfg.strategy, cfg.workload
+    if not deepspeed_zero3_offload(cfg) or st.placement.optimizer_states != "nvme":
+        return 0.0
+    return params * wl.optimizer.moments * DTYPE_BYTES[wl.precision.optimizer_moments]
+
+
+def overflow_check_bytes(cfg: RunConfig, sz: StateSizes) -> float:
+    """Pageable temporaries of DeepSpeed's overflow check at each step, bytes: fp16 only
+    (stage3.py ``_overflow_check_and_loss_scale_update`` skips it for bf16); ``has_overflow``
+    runs ``torch.isinf`` then ``torch.isnan`` over the whole 16-bit host gradient buffer, and
+    ``isinf`` is ``self.abs() == inf`` (aten/src/ATen/native/TensorCompare.cpp), so a 16-bit
+    copy and a 1-byte mask per element are alive together. ``fused`` (MemAscend): none."""
+    st, pr = cfg.strategy, cfg.workload.precision
+    if not deepspeed_zero3_offload(cfg) or st.overflow_check == "fused" or pr.params != "fp16":
+        return 0.0
+    return sum(param_partitions(cfg, sz)) * (DTYPE_BYTES[pr.grads] + 1.0)
+
+
+def home_param_bytes(cfg: RunConfig, sz: StateSizes) -> float:
+    """Bytes of the 16-bit parameters in their home tier, per rank. Pinned host parameters are
+    rounded per layer by a caching allocator, except on DeepSpeed's ZeRO-3 path, which pins one
+    flat tensor per parameter group (stage3.py ``_create_param_groups_fp16_flat_cpu_memory``)."""
+    st = cfg.strategy
+    local = sz.param_bytes / sz.param_part
+    if _home_tier(st.placement.params, st.pin_memory) != "host_pinned":
+        return local
+    if deepspeed_zero3_offload(cfg):
+        return round_pinned(local, st.host_allocator)
+    per_layer = [lay.params * sz.param_bytes / sz.params_total / sz.param_part for lay in sz.layers]
+    return sum(round_pinned(b, st.host_allocator) for b in per_layer)
+
+
+def _deepspeed_host(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
+    """DeepSpeed's persistent host buffers, and one item for the highest transient: the pageable
+    sources of pinned copies and scratch at start-up, or at a step the overflow check's
+    temporaries or the first step's optimizer moments (``3`` sub-groups in flight when pipelined)."""
+    steps = deepspeed_host_init(cfg, sz)
+    kept: dict[tuple[str, str], float] = {}
+    for s in steps:
+        kept[(s.tier, s.what)] = kept.get((s.tier, s.what), 0.0) + s.nbytes
+    for (tier, what), nbytes in kept.items():
+        _add(bd, "host" if tier == "host_pageable" else tier, what, nbytes if nbytes > 1e-6 else 0.0)
+    left, peak = host_steps_peak(steps)
+    groups = deepspeed_sub_groups(param_partitions(cfg, sz), cfg.strategy.sub_group_params)
+    in_flight = 3 if cfg.strategy.optimizer_swap_pipeline else 1
+    step = max(overflow_check_bytes(cfg, sz), in_flight * first_step_state_bytes(cfg, max(groups)))
+    _add(bd, "host", "transient peak (pin_memory() copies, overflow check, first-step moments)",
+         max(peak - sum(left.values()), step))
 
 
 def footprint(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
