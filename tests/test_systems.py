@@ -114,6 +114,9 @@ def test_tba_overhead_is_negligible(hidden: int, layers: int) -> None:
     keep, tba, _, _ = _tba_pair(hidden, layers)
     assert tba.iteration_time_s <= 1.10 * keep.iteration_time_s
     assert tba.traffic_bytes.nvme_write > 0
+    # GPUDirect Storage: the writes cross PCIe but stage nothing in host memory
+    assert tba.traffic_bytes.d2h == pytest.approx(tba.traffic_bytes.nvme_write)
+    assert tba.peak_bytes.host_pinned == 0
 
 
 def test_tba_lowers_peak_activation_memory_on_the_4_layer_model() -> None:

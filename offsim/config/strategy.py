@@ -316,6 +316,14 @@ class Strategy(Frozen):
         """Bytes of one pinned staging buffer."""
         return self.pinned_buffer_mib * MiB
 
+    def needs_staging_buffers(self) -> bool:
+        """True when NVMe traffic passes through pinned host staging buffers: any model state on
+        NVMe, or activations on NVMe without GPUDirect Storage."""
+        p = self.placement
+        if "nvme" in (p.params, p.grads, p.optimizer_states):
+            return True
+        return self.uses_nvme() and not self.gpudirect_storage
+
     def uses_nvme(self) -> bool:
         """True when any state is placed on NVMe."""
         p = self.placement

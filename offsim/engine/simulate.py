@@ -750,7 +750,7 @@ class Engine:
         self.ledger.alloc("pfs", o * on_pfs, "optimizer state striped to the PFS")
         if deepspeed_zero3_offload(self.cfg):
             self._allocate_deepspeed_host()
-        elif st.uses_nvme():
+        elif st.needs_staging_buffers():
             pinned = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
             self.ledger.alloc("host_pinned", pinned, "pinned staging buffers")
 

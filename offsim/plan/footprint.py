@@ -260,7 +260,7 @@ def _host_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]
     deepspeed = deepspeed_zero3_offload(cfg)
     if deepspeed:
         _deepspeed_host(cfg, sz, bd)
-    elif st.uses_nvme():
+    elif st.needs_staging_buffers():
         n = st.pinned_buffer_count
         _add(bd, "host_pinned", "pinned staging buffers", n * round_pinned(st.pinned_buffer_bytes, st.host_allocator))
     cache = policy_plan.dram_cache_bytes(cfg, sz)
