@@ -7,12 +7,11 @@ Typical use::
     print(result.metrics.iteration_time_s)
 """
 
-__version__ = "0.1.0"
-
-from offsim.config.loading import load_profile, load_strategy, load_workload  # noqa: E402
-from offsim.config.run import RunConfig, make_run_config  # noqa: E402
-from offsim.engine.run import simulate  # noqa: E402
-from offsim.results import RunResult  # noqa: E402
+from offsim.config.loading import load_profile, load_strategy, load_workload
+from offsim.config.run import RunConfig, make_run_config
+from offsim.core._version import __version__
+from offsim.engine.run import simulate
+from offsim.results import RunResult
 
 __all__ = [
     "RunConfig",

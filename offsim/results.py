@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from offsim import __version__
+from offsim.core._version import __version__
 from offsim.config.run import RunConfig
 from offsim.metrics import RunMetrics
 from offsim.trace import Recorder

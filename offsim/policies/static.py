@@ -17,8 +17,18 @@ from pydantic import Field
 
 from offsim.config.base import Frozen
 from offsim.policies.base import BuildContext, Evict, EvictionPolicy, MemoryView
+from offsim.policies.belady import BeladyConfig
+from offsim.policies.fifo import FifoConfig
+from offsim.policies.lfu import LfuConfig
+from offsim.policies.lru import LruConfig
+from offsim.policies.mru import MruConfig
+from offsim.policies.opt import OptConfig
+from offsim.policies.reuse_distance import ReuseDistanceConfig
 
 Fallback = Literal["reuse-distance", "lru", "fifo", "mru", "lfu", "belady", "opt"]
+#: the policy each ``then`` names, with its default parameters
+_FALLBACKS = {"reuse-distance": ReuseDistanceConfig, "lru": LruConfig, "fifo": FifoConfig, "mru": MruConfig,
+              "lfu": LfuConfig, "belady": BeladyConfig, "opt": OptConfig}
 
 
 class StaticConfig(Frozen):
@@ -45,11 +55,9 @@ class StaticConfig(Frozen):
 
     def build(self, ctx: BuildContext) -> StaticResidency:
         """The policy over ``ctx.n_tensors`` tensors."""
-        from offsim.policies import build_eviction_kind
-
         label = ",".join(f"{k}={v}" for k, v in (("first", self.keep_first), ("last", self.keep_last),
                                                    ("tensors", self.tensors)) if v)
-        then = build_eviction_kind(self.then, ctx)
+        then = _FALLBACKS[self.then]().build(ctx)
         return StaticResidency(self.kept(ctx.n_tensors), then, f"static({label})")
 
 

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from offsim import __version__
+from offsim.core._version import __version__
 from offsim.report.tracks import (
     LINKS,
     RESOURCE_LABELS,

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from offsim import __version__
+from offsim.core._version import __version__
 from offsim.config.run import RunConfig
 from offsim.report import figures
 from offsim.report.bottleneck import bottleneck
