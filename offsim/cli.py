@@ -15,66 +15,27 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from offsim import __version__
+from offsim.commands._common import (
+    HardwareOpt,
+    StrategyOpt,
+    WorkloadOpt,
+    console,
+    err_console,
+    fail,
+    gib,
+    print_metrics_table,
+)
 from offsim.config.loading import shipped_files
 from offsim.errors import OffsimError
 
+# Re-exported for modules that still import them from here (offsim.commands.compare).
+__all__ = ["app", "console", "err_console", "fail", "gib", "print_metrics_table"]
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="offsim: simulate offloaded LLM training (GPU HBM, host DRAM, NVMe over PCIe).")
-console = Console()
-err_console = Console(stderr=True)
-
-HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help="hardware profile name or YAML path")]
-WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="workload name, YAML path or HF config.json")]
-StrategyOpt = Annotated[str, typer.Option("--strategy", "-s", help="strategy name or YAML path")]
-
-
-def fail(message: str) -> None:
-    """Print ``message`` as the one error line and exit non-zero."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def gib(nbytes: float | None) -> str:
-    """Bytes as GiB text."""
-    return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
-
-
-def print_metrics_table(result) -> None:  # noqa: ANN001 - RunResult, imported lazily
-    """A human summary of one run."""
-    m = result.metrics
-    cfg = result.config
-    title = f"{cfg.workload.name} on {cfg.hardware.name} with {cfg.strategy.name}"
-    if not m.feasible:
-        console.print(f"[bold]{title}[/]\n[bold red]infeasible:[/] {m.infeasible_reason}", highlight=False)
-        return
-    t = Table(title=title, show_header=False)
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    t.add_row("iteration time", f"{m.iteration_time_s:.4g} s")
-    t.add_row("throughput", f"{m.tokens_per_s:,.0f} tokens/s")
-    t.add_row("model TFLOP/s per GPU", f"{m.tflops_per_gpu:.1f}")
-    t.add_row("hardware TFLOP/s per GPU (recompute incl.)", f"{m.hardware_tflops_per_gpu:.1f}")
-    t.add_row("GPU busy", f"{100 * m.gpu_busy_fraction:.1f} %")
-    for phase, secs in m.phases_s.model_dump().items():
-        t.add_row(f"phase {phase}", f"{secs:.4g} s")
-    t.add_row("optimizer step (whole)", f"{m.optimizer_step_s:.4g} s")
-    t.add_row("GPU stalled on data", f"{m.stall_s:.4g} s")
-    for tier, b in m.peak_bytes.model_dump().items():
-        t.add_row(f"peak {tier}", gib(b))
-    for link, b in m.traffic_bytes.model_dump().items():
-        t.add_row(f"traffic {link} / iteration", f"{b / 1e9:.3f} GB")
-    if m.activation_policy is not None:
-        t.add_row("activations", m.activation_policy)
-    for name, c in m.cache.items():
-        rate = "-" if c.hit_rate is None else f"{100 * c.hit_rate:.0f} %"
-        t.add_row(f"cache {name} ({c.policy})",
-                  f"hits {rate}, fetched {c.bytes_fetched / 1e9:.3f} GB (OPT {c.opt_bytes_fetched / 1e9:.3f})")
-    console.print(t)
-
 
 @app.command()
 def run(
@@ -114,7 +75,7 @@ def run(
         raise typer.Exit(1)
 
 
-def _list(kind: str, describe) -> None:  # noqa: ANN001 - a function of the loaded model
+def _list(kind: str, describe) -> None:
     from offsim.config import loading
 
     loader = {"hardware": loading.load_profile, "workload": loading.load_workload,
@@ -176,6 +137,8 @@ def _register_extensions() -> None:
     import offsim.commands as commands
 
     for info in pkgutil.iter_modules(commands.__path__):
+        if info.name.startswith("_"):  # shared helpers, no commands
+            continue
         module = importlib.import_module(f"offsim.commands.{info.name}")
         module.register(app)
 

@@ -23,7 +23,7 @@ def calibrate(
     """Run the microbenchmarks (GPU via PyTorch CUDA when present; CPU optimizer and memcpy;
     NVMe with O_DIRECT or fio), fit latency/bandwidth and efficiency curves, write the profile."""
     from offsim.calibrate import run_calibration
-    from offsim.cli import fail
+    from offsim.commands._common import fail
     from offsim.config.loading import load_profile
     from offsim.errors import OffsimError
 

@@ -38,7 +38,7 @@ def report(
 ) -> None:
     """Simulate one or more configurations and write an HTML report (figures, metrics, bottleneck)."""
     from offsim import make_run_config, simulate
-    from offsim.cli import console, fail
+    from offsim.commands._common import console, fail
     from offsim.errors import OffsimError
     from offsim.report.bottleneck import bottleneck
     from offsim.report.figures import run_labels, write_figures

@@ -63,7 +63,7 @@ def tune(
     activations, CPU step overlap) by simulation; print the choice and its time against the base."""
     import yaml
 
-    from offsim.cli import fail
+    from offsim.commands._common import fail
     from offsim.errors import OffsimError
     from offsim.search.protrain import search, tuned_strategy
 

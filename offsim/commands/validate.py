@@ -38,7 +38,7 @@ def validate(
         _validate_real(hardware, workload, layers, device, iterations, out)
         return
 
-    from offsim.cli import fail
+    from offsim.commands._common import fail
     from offsim.errors import OffsimError
     from offsim.validation import default_cases_path, load_cases, run_case
 
@@ -70,7 +70,7 @@ def _validate_real(hardware: str, workload: str, layers: int, device: str, itera
     import json
 
     from offsim.calibrate.real_trainer import RealShape, run_real_training
-    from offsim.cli import fail
+    from offsim.commands._common import fail
     from offsim.config.loading import load_profile, load_workload
     from offsim.errors import OffsimError
     from offsim.real_validation import TARGET_ERROR, compare, simulate_twin

@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from offsim.config.base import Provenance
-from offsim.config.loading import format_validation_error
+from offsim.config.errors import format_validation_error
 from offsim.config.workload import Workload
 from offsim.errors import ConfigError
 

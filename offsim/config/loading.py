@@ -17,10 +17,22 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from offsim.config.errors import format_validation_error
 from offsim.config.hardware import HardwareProfile
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
 from offsim.errors import ConfigError
+
+__all__ = [
+    "format_validation_error",  # re-exported: it lives in offsim.config.errors
+    "load_profile",
+    "load_strategy",
+    "load_workload",
+    "read_yaml",
+    "resolve_path",
+    "shipped_files",
+    "validate_data",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -75,25 +87,9 @@ def read_yaml(path: Path) -> Any:
     try:
         if path.suffix == ".json":
             return json.loads(text)
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        return yaml.load(text, Loader=_Loader)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not valid YAML/JSON: {exc}") from exc
-
-
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    """One readable message per problem: ``file: field.path: what was expected``."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "missing":
-            msg = "required field is missing"
-        elif "input" in err and err["type"] not in ("extra_forbidden",):
-            msg = f"{msg} (got {err['input']!r})"
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field (misspelt?)"
-        lines.append(f"{source}: {loc}: {msg}")
-    return "\n".join(lines)
 
 
 def validate_data(model: type[M], data: Any, source: str) -> M:

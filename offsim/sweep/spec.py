@@ -40,8 +40,8 @@ from pydantic import Field, ValidationError, field_validator
 
 from offsim import __version__
 from offsim.config.base import Frozen
+from offsim.config.errors import format_validation_error
 from offsim.config.loading import (
-    format_validation_error,
     load_profile,
     load_strategy,
     load_workload,

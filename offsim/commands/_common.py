@@ -1,0 +1,177 @@
+"""What every ``offsim`` subcommand shares: consoles, the error exit, option types, exit codes.
+
+Lives apart from :mod:`offsim.cli` so that the command modules never import the app that
+imports them (no ``cli <-> commands`` cycle).
+
+Exit codes, used by every subcommand:
+
+* ``0``: done;
+* ``1``: the answer is "no": a configuration does not fit (infeasible), a validation case
+  misses its tolerance, no machine meets a sizing target;
+* ``2``: bad input (a file, a field or an option), reported as one message, never a traceback;
+* ``130`` / ``143``: interrupted by Ctrl-C / stopped by SIGTERM (a sweep says how to resume).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+EXIT_OK = 0
+EXIT_NO = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+#: The README's main example: every subcommand that takes one configuration defaults to it.
+DEFAULT_HARDWARE = "rtx4090-pcie4-ws"
+DEFAULT_WORKLOAD = "llama2-7b"
+DEFAULT_STRATEGY = "zero-offload"
+
+console = Console()
+err_console = Console(stderr=True)
+
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help="hardware profile name or YAML path")]
+WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="workload name, YAML path or HF config.json")]
+StrategyOpt = Annotated[str, typer.Option("--strategy", "-s", help="strategy name or YAML path")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (JSON) on stdout")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no summary lines")]
+IterationsOpt = Annotated[int, typer.Option(min=1, help="optimizer steps to simulate")]
+WarmupOpt = Annotated[int, typer.Option(min=0, help="leading steps left out of the metrics")]
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Print ``message`` as the one error line (markup in it printed as text) and exit ``code``."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def say(text: str, *, stderr: bool = False) -> None:
+    """Print plain ``text`` (no markup, no highlighting; ``[...]`` is kept as written)."""
+    (err_console if stderr else console).print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def note(text: str) -> None:
+    """A yellow ``note:`` line on stderr; ``text`` is printed as written."""
+    err_console.print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def gib(nbytes: float | None) -> str:
+    """Bytes as GiB text."""
+    return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
+
+
+def _writable_dir(folder: Path, option: str) -> None:
+    """Fail unless ``folder`` (existing, or the nearest existing parent) is a writable folder."""
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        fail(f"{option} {folder}: {probe} is a file, not a folder")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        fail(f"{option} {folder}: no permission to write in {probe}")
+
+
+def check_out_file(path: Path | None, option: str = "--out") -> None:
+    """Fail before any work when ``path`` cannot be written as a file.
+
+    Refused: an existing folder, a path under a regular file, a folder without write permission.
+    """
+    if path is None:
+        return
+    if path.is_dir():
+        fail(f"{option} {path}: is a folder; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        fail(f"{option} {path}: no permission to overwrite it")
+    _writable_dir(path.parent, option)
+
+
+def check_out_dir(path: Path | None, option: str = "--out") -> None:
+    """Fail before any work when ``path`` cannot be used (or made) as an output folder."""
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        fail(f"{option} {path}: is a file; give a folder")
+    _writable_dir(path, option)
+
+
+def check_positive(value: int | None, option: str) -> None:
+    """Fail when a count option is given as zero or negative."""
+    if value is not None and value < 1:
+        fail(f"{option} must be at least 1, got {value}")
+
+
+def print_metrics_table(result: Any) -> None:
+    """A human summary of one run (a :class:`~offsim.results.RunResult`)."""
+    m = result.metrics
+    cfg = result.config
+    title = escape(f"{cfg.workload.name} on {cfg.hardware.name} with {cfg.strategy.name}")
+    if not m.feasible:
+        console.print(f"[bold]{title}[/]\n[bold red]infeasible:[/] {escape(str(m.infeasible_reason))}",
+                      highlight=False)
+        return
+    t = Table(title=title, show_header=False)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    _time_rows(t, m)
+    _memory_rows(t, m, cfg)
+    for name, c in m.cache.items():
+        rate = "-" if c.hit_rate is None else f"{100 * c.hit_rate:.0f} %"
+        t.add_row(escape(f"cache {name} ({c.policy})"),
+                  f"hits {rate}, fetched {c.bytes_fetched / 1e9:.3f} GB (OPT {c.opt_bytes_fetched / 1e9:.3f})")
+    console.print(t)
+
+
+def _time_rows(t: Table, m: Any) -> None:
+    """Rows for time, throughput and busy fractions."""
+    t.add_row("iteration time", f"{m.iteration_time_s:.4g} s")
+    t.add_row("throughput (whole job)", f"{m.tokens_per_s:,.0f} tokens/s")
+    t.add_row("model TFLOP/s per GPU", f"{m.tflops_per_gpu:.1f}")
+    t.add_row("hardware TFLOP/s per GPU (recompute incl.)", f"{m.hardware_tflops_per_gpu:.1f}")
+    t.add_row("GPU busy", f"{100 * m.gpu_busy_fraction:.1f} %")
+    for phase, secs in m.phases_s.model_dump().items():
+        t.add_row(f"phase {phase}", f"{secs:.4g} s")
+    t.add_row("optimizer step (whole)", f"{m.optimizer_step_s:.4g} s")
+    t.add_row("GPU stalled on data", f"{m.stall_s:.4g} s")
+
+
+#: What each peak-memory row is per, and what it is.
+_PEAK_LABELS = {
+    "gpu": "peak GPU memory (per GPU)",
+    "host_pinned": "peak pinned host DRAM (per node)",
+    "host": "peak host DRAM, pageable + pinned (per node)",
+    "nvme": "peak NVMe (per node)",
+    "pfs": "peak parallel file system (whole job)",
+}
+
+
+def _memory_rows(t: Table, m: Any, cfg: Any) -> None:
+    """Rows for peak memory per tier and traffic per link; tiers the profile lacks are left out."""
+    for tier, b in m.peak_bytes.model_dump().items():
+        if not b and not _configured(cfg, tier):
+            continue
+        t.add_row(_PEAK_LABELS.get(tier, f"peak {tier}"), gib(b))
+    for link, b in m.traffic_bytes.model_dump().items():
+        if not b and not _configured(cfg, link):
+            continue
+        t.add_row(f"traffic {link} per iteration (per GPU)", f"{b / 1e9:.3f} GB")
+    if m.activation_policy is not None:
+        t.add_row("activations", escape(str(m.activation_policy)))
+
+
+def _configured(cfg: Any, what: str) -> bool:
+    """Whether the hardware profile has the tier or link ``what`` (nvme, pfs); others always."""
+    hw = cfg.hardware
+    if what.startswith("nvme"):
+        return getattr(hw, "nvme", None) is not None
+    if what.startswith("pfs"):
+        return getattr(hw, "pfs", None) is not None
+    return True
