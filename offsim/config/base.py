@@ -11,10 +11,13 @@ class Frozen(BaseModel):
     """Base of all offsim input models.
 
     ``strict=True`` refuses a string or a bool where a number is expected; ``extra='forbid'``
-    turns a misspelt field into an error instead of a silently ignored key.
+    turns a misspelt field into an error instead of a silently ignored key;
+    ``allow_inf_nan=False`` refuses ``.inf`` and ``.nan`` in every float field of every schema
+    (bandwidths, latencies, capacities, efficiencies, rates, curve points), so no non-finite
+    number reaches the engine or the JSON it writes.
     """
 
-    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class Provenance(Frozen):

@@ -39,8 +39,31 @@ M = TypeVar("M", bound=BaseModel)
 KIND_DIRS = {"hardware": "hardware_profiles", "workload": "workloads", "strategy": "strategies"}
 
 
+#: Largest data file read, bytes (a profile or a sweep spec is a few KiB).
+MAX_FILE_BYTES = 8 * 2**20
+#: Most nodes a YAML document may expand to once its aliases are followed ("billion laughs").
+MAX_EXPANDED_NODES = 200_000
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e9`` and ``5e-3`` as floats (YAML 1.2 behaviour)."""
+    """SafeLoader that reads ``1e9`` as a float (YAML 1.2) and refuses duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """A mapping; the same key twice is an error naming its line (merge keys ``<<`` aside)."""
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, list | dict):
+                continue  # unhashable: left to the schema to refuse
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (first on line {seen[key]})",
+                    key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -55,6 +78,67 @@ _Loader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes in ``node`` once every alias is expanded (memoised, so linear in the graph)."""
+    known = memo.get(id(node))
+    if known is not None:
+        return known
+    memo[id(node)] = 1  # a recursive alias counts once instead of looping
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    else:
+        size = 1
+    memo[id(node)] = min(size, MAX_EXPANDED_NODES + 1)
+    return memo[id(node)]
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    """One YAML document, refused when its aliases expand past :data:`MAX_EXPANDED_NODES`."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_EXPANDED_NODES:
+            raise ConfigError(
+                f"{path}: refused: its aliases (*name) expand to more than {MAX_EXPANDED_NODES:,} "
+                "values (a YAML alias bomb?); write the values out or use fewer aliases")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; the same key twice is an error."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key '{key}'")
+        out[key] = value
+    return out
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; a folder, a binary file or an oversized one is a :class:`ConfigError`."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a YAML/JSON file")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a data file offsim reads")
+    if b"\0" in raw[:8192]:
+        raise ConfigError(f"{path}: a binary file, not YAML/JSON text")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
 
 
 def data_roots() -> list[Path]:
@@ -78,18 +162,31 @@ def shipped_files(kind: str) -> dict[str, Path]:
     return {p.stem: p for p in sorted(base.rglob("*.yaml"))}
 
 
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """A YAML error on one line: ``line N, column M: problem (context)``."""
+    mark = exc.problem_mark or exc.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = f" ({exc.context})" if exc.context and exc.problem else ""
+    return f"{where}{exc.problem or exc.context}{context}"
+
+
 def read_yaml(path: Path) -> Any:
-    """Parse a YAML or JSON file; a syntax error is a :class:`ConfigError` naming the file."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
+    """Parse a YAML or JSON data file; any problem is a :class:`ConfigError` naming the file.
+
+    Refused: binary or non-UTF-8 files, files over :data:`MAX_FILE_BYTES`, duplicate keys, and
+    YAML whose aliases expand past :data:`MAX_EXPANDED_NODES` values.
+    """
+    text = _read_text(path)
     try:
         if path.suffix == ".json":
-            return json.loads(text)
-        return yaml.load(text, Loader=_Loader)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid YAML/JSON: {exc}") from exc
+            return json.loads(text, object_pairs_hook=_json_pairs)
+        return _parse_yaml(text, path)
+    except yaml.MarkedYAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+    except (yaml.YAMLError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{path}: not valid YAML/JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a data file") from None
 
 
 def validate_data(model: type[M], data: Any, source: str) -> M:
