@@ -30,6 +30,7 @@ from offsim.policies.base import (
     PrefetchView,
 )
 from offsim.policies.belady import BeladyConfig
+from offsim.policies.belady_size import BeladySizeConfig
 from offsim.policies.bucket import BucketConfig
 from offsim.policies.fifo import FifoConfig
 from offsim.policies.keep import KeepConfig
@@ -49,8 +50,8 @@ from offsim.policies.static import StaticConfig
 from offsim.policies.window import WindowConfig
 
 EvictionConfig = Annotated[
-    ReuseDistanceConfig | LruConfig | FifoConfig | MruConfig | LfuConfig | BeladyConfig | OptConfig
-    | StaticConfig,
+    ReuseDistanceConfig | LruConfig | FifoConfig | MruConfig | LfuConfig | BeladyConfig | BeladySizeConfig
+    | OptConfig | StaticConfig,
     Field(discriminator="kind"),
 ]
 PrefetchConfig = Annotated[

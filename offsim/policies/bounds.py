@@ -1,0 +1,313 @@
+"""Bounds on the bytes any eviction schedule must move, for tensors of different sizes.
+
+Belady's rule is optimal for one cache of equal-size pages; with several sizes it is a
+heuristic (a large tensor used far ahead may be dropped where dropping a small one was cheaper).
+The offline optimum with variable sizes is NP-hard, but it is bounded from both sides by the
+min-cost-flow formulation of Berger, Beckmann and Harchol-Balter, "Practical Bounds on Optimal
+Caching with Variable Object Sizes", Proc. ACM Meas. Anal. Comput. Syst. 2(2), 2018
+(SIGMETRICS 2018): FOO. Their formulation is written here from the paper's idea, for the
+cache offsim's engine runs:
+
+* An *interval* is the time between two consecutive accesses of one tensor. A schedule either
+  keeps the tensor over the whole interval (free) or drops it somewhere inside and pays the
+  interval's cost: the bytes re-fetched at its end, plus the write-back for a dirty tensor.
+* A tensor larger than the budget bypasses the cache: it moves at every access.
+* *Points* are the accesses. At access ``k`` the tensor used there must be resident (the
+  engine has no bypass), so the kept intervals strictly across ``k`` may take at most
+  ``room_k = capacity - size(tensor at k)``. These are the only constraints: the room between two
+  accesses is implied (what is kept across the gap after ``k`` is what is kept across ``k``
+  plus, at most, the tensor used at ``k``).
+* An interval larger than the room at some point it covers can never be kept; it is charged
+  up front (a valid cut that keeps the flow from keeping a fraction of it).
+* Letting a fraction ``x_i`` of each interval be kept gives a linear program whose constraint
+  matrix has consecutive ones in every column (an interval covers consecutive points): it is a
+  min-cost flow. Nodes ``0..K``; arc ``k -> k+1`` (capacity ``room_k``, cost 0) carries the kept
+  bytes; for each interval covering points ``a..b`` an arc ``a -> b+1`` (capacity its size, cost
+  its drop cost per byte) carries the dropped bytes; node ``a`` supplies and node ``b+1``
+  absorbs the interval's size. Its optimum is a **lower bound** on every integral schedule
+  (FOO-L).
+* Rounding the flow down (keeping only intervals the flow keeps whole, then adding dropped ones
+  greedily while they fit) gives a feasible schedule: an **upper bound** (FOO-U). Where the two
+  meet, the bound *is* the optimum and is reported exact (with equal sizes and a room that is a
+  whole number of tensors the matrix is totally unimodular and they always meet).
+
+Two start/end conventions cover offsim's caches: a cache that starts empty and is dropped at no
+cost at the end (the GPU parameter buffer, emptied every iteration), and a *window* of a cache
+that persists (the DRAM cache over optimizer state, measured over the steady iterations): its
+contents at the window's start are free to choose within the budget (an initial interval,
+dropped at the cost of one read) and dirty tensors not resident at its end must have been written
+back (a final interval, dropped at the cost of one write). Both only relax what the engine can
+do, so the lower bound holds for it.
+
+For long sequences the flow is replaced by the relaxation that holds the room only on average
+over time (PFOO-L in Berger et al.; a fractional knapsack, ``n log n``), with the upper bound
+from replaying Belady's rule; the gap between the two is reported.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import csr_matrix
+
+#: Relative slack on byte budgets, as the engine's cache allows (sizes are float products).
+SLACK = 1e-9
+#: Relative tolerance under which a lower and an upper bound are called equal (the LP solver's
+#: feasibility tolerance is 1e-7 on data scaled to the largest tensor).
+EXACT_RTOL = 1e-6
+#: Above this many intervals the flow gives way to the PFOO-L relaxation.
+MAX_FLOW_INTERVALS = 200_000
+
+
+class BoundMethod(StrEnum):
+    """How a lower bound was computed."""
+
+    FLOW = "foo-flow"  # the min-cost flow (FOO-L), with its rounding as the upper bound (FOO-U)
+    AVERAGE = "pfoo-l"  # room held on average over time; upper bound from Belady's rule
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Between two consecutive accesses of one tensor (or the window's start or end).
+
+    Attributes:
+        tensor: the tensor.
+        first / last: the first and last point (access index) it covers; ``last < first`` when
+            it covers none (two accesses in a row: kept for free).
+        size_bytes: bytes it holds while kept.
+        drop_bytes: bytes moved if it is not kept (re-fetch, and write-back when dirty).
+    """
+
+    tensor: int
+    first: int
+    last: int
+    size_bytes: float
+    drop_bytes: float
+
+    @property
+    def points(self) -> int:
+        """Number of points it covers."""
+        return max(0, self.last - self.first + 1)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One cache's offline caching problem.
+
+    Attributes:
+        intervals: the choices (keep or drop).
+        room_bytes: per point, the bytes kept intervals across it may take.
+        fixed_bytes: bytes every schedule moves (first fetches of an empty cache, tensors too
+            large to be cached).
+    """
+
+    intervals: tuple[Interval, ...]
+    room_bytes: tuple[float, ...]
+    fixed_bytes: float
+
+    def cost(self, kept: Iterable[int]) -> float:
+        """Bytes moved by the schedule that keeps the intervals ``kept`` (indices)."""
+        keep = set(kept)
+        return self.fixed_bytes + sum(iv.drop_bytes for i, iv in enumerate(self.intervals) if i not in keep)
+
+
+@dataclass(frozen=True)
+class CacheBound:
+    """Lower and upper bound on the bytes one cache moves.
+
+    Attributes:
+        lower_bytes: no schedule moves fewer.
+        upper_bytes: a feasible schedule moves this many (the best one constructed).
+        method: how the lower bound was computed.
+        solve_s: seconds the bounds took.
+    """
+
+    lower_bytes: float
+    upper_bytes: float
+    method: BoundMethod
+    solve_s: float = 0.0
+
+    @property
+    def gap_bytes(self) -> float:
+        """``upper_bytes - lower_bytes`` (0 when exact)."""
+        return 0.0 if self.exact else self.upper_bytes - self.lower_bytes
+
+    @property
+    def exact(self) -> bool:
+        """The bounds meet: the lower bound is the optimum."""
+        return self.upper_bytes - self.lower_bytes <= EXACT_RTOL * max(self.upper_bytes, 1.0)
+
+
+# ---------------------------------------------------------------- building the problem
+def fits(size_bytes: float, capacity_bytes: float) -> bool:
+    """Whether a tensor can be cached at all (the engine bypasses larger ones)."""
+    return size_bytes <= capacity_bytes * (1 + SLACK) + SLACK
+
+
+def build_problem(sequence: Sequence[int], sizes: Mapping[int, float], capacity_bytes: float,
+                  read_bytes: Mapping[int, float] | None = None,
+                  write_bytes: Mapping[int, float] | None = None, warm_start: bool = False) -> Problem:
+    """The intervals and rooms of ``sequence`` in a cache of ``capacity_bytes``.
+
+    Args:
+        sequence: the tensor of every access, in order.
+        sizes: bytes each tensor occupies.
+        capacity_bytes: the budget (``inf``: unbounded).
+        read_bytes: bytes a miss of each tensor moves (default: its size).
+        write_bytes: bytes a write-back of each tensor moves (default 0: a clean cache). Every
+            access dirties the tensor (the optimizer updates the state it reads).
+        warm_start: the contents at the start are free to choose (a window of a cache that
+            persists); otherwise the cache starts empty.
+    """
+    read = {t: sizes[t] for t in sizes} if read_bytes is None else dict(read_bytes)
+    write = dict.fromkeys(sizes, 0.0) if write_bytes is None else dict(write_bytes)
+    room = [capacity_bytes - sizes[t] if fits(sizes[t], capacity_bytes) else capacity_bytes for t in sequence]
+    intervals: list[Interval] = []
+    fixed = 0.0
+    last: dict[int, int] = {}
+    for k, t in enumerate(sequence):
+        if not fits(sizes[t], capacity_bytes):
+            fixed += read[t] + write[t]  # bypasses the cache: read and written at every access
+        elif t in last:
+            intervals.append(Interval(t, last[t] + 1, k - 1, sizes[t], read[t] + write[t]))
+        elif warm_start:
+            intervals.append(Interval(t, 0, k - 1, sizes[t], read[t]))
+        else:
+            fixed += read[t]
+        last[t] = k
+    for t, k in last.items():
+        if fits(sizes[t], capacity_bytes) and write[t] > 0:
+            intervals.append(Interval(t, k + 1, len(sequence) - 1, sizes[t], write[t]))
+    # an interval covering no point (two accesses in a row) is kept for free
+    return _without_oversized(tuple(iv for iv in intervals if iv.points > 0), tuple(room), fixed)
+
+
+def _without_oversized(intervals: tuple[Interval, ...], room: tuple[float, ...], fixed: float) -> Problem:
+    """Moves intervals larger than the room at some point they cover into the fixed bytes: no
+    schedule can keep them, and fixing them tightens the flow (which could keep a fraction)."""
+    rooms = np.array(room) * (1 + SLACK) + SLACK
+    keepable, dropped = [], 0.0
+    for iv in intervals:
+        if iv.size_bytes <= rooms[iv.first:iv.last + 1].min():
+            keepable.append(iv)
+        else:
+            dropped += iv.drop_bytes
+    return Problem(tuple(keepable), room, fixed + dropped)
+
+
+# ---------------------------------------------------------------- FOO: the min-cost flow
+def _flow_matrix(problem: Problem) -> tuple[csr_matrix, np.ndarray, np.ndarray, np.ndarray]:
+    """Node-arc incidence matrix (+1 where an arc leaves, -1 where it enters), supplies, arc
+    capacities and arc costs per unit flow. Arcs: ``k -> k+1`` per point, then one per interval."""
+    n_points, ivs = len(problem.room_bytes), problem.intervals
+    tails = np.concatenate([np.arange(n_points), [iv.first for iv in ivs]]).astype(np.int64)
+    heads = np.concatenate([np.arange(1, n_points + 1), [iv.last + 1 for iv in ivs]]).astype(np.int64)
+    n_arcs = len(tails)
+    rows = np.concatenate([tails, heads])
+    cols = np.concatenate([np.arange(n_arcs), np.arange(n_arcs)])
+    vals = np.concatenate([np.ones(n_arcs), -np.ones(n_arcs)])
+    incidence = csr_matrix((vals, (rows, cols)), shape=(n_points + 1, n_arcs))
+    supply = np.zeros(n_points + 1)
+    sizes = np.array([iv.size_bytes for iv in ivs])
+    np.add.at(supply, [iv.first for iv in ivs], sizes)
+    np.add.at(supply, [iv.last + 1 for iv in ivs], -sizes)
+    capacity = np.concatenate([np.maximum(np.array(problem.room_bytes), 0.0), sizes])
+    cost = np.concatenate([np.zeros(n_points), [iv.drop_bytes / iv.size_bytes for iv in ivs]])
+    return incidence, supply, capacity, cost
+
+
+def flow_lower_bound(problem: Problem) -> tuple[float, np.ndarray]:
+    """FOO-L: the min-cost flow's cost, and the fraction of each interval it keeps.
+
+    Data are scaled to the largest tensor so that the solver's absolute tolerances are relative
+    ones."""
+    if not problem.intervals:
+        return problem.fixed_bytes, np.ones(0)
+    incidence, supply, capacity, cost = _flow_matrix(problem)
+    scale = max(iv.size_bytes for iv in problem.intervals)
+    res = linprog(cost, A_eq=incidence, b_eq=supply / scale, bounds=np.column_stack([np.zeros_like(capacity),
+                  capacity / scale]), method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"min-cost flow failed: {res.message}")
+    n_points = len(problem.room_bytes)
+    dropped = res.x[n_points:] * scale
+    sizes = np.array([iv.size_bytes for iv in problem.intervals])
+    kept = np.clip(1.0 - dropped / sizes, 0.0, 1.0)
+    return problem.fixed_bytes + float(res.fun) * scale, kept
+
+
+def round_schedule(problem: Problem, preference: Sequence[float]) -> list[int]:
+    """A feasible schedule (kept intervals): intervals in decreasing ``preference`` (the flow's
+    kept fraction, then bytes saved), each kept if it fits at every point it covers."""
+    load = np.zeros(len(problem.room_bytes))
+    room = np.array(problem.room_bytes) * (1 + SLACK) + SLACK
+    order = sorted(range(len(problem.intervals)),
+                   key=lambda i: (-preference[i], -problem.intervals[i].drop_bytes, i))
+    kept: list[int] = []
+    for i in order:
+        iv = problem.intervals[i]
+        span = slice(iv.first, iv.last + 1)
+        if np.all(load[span] + iv.size_bytes <= room[span]):
+            load[span] += iv.size_bytes
+            kept.append(i)
+    return kept
+
+
+def feasible(problem: Problem, kept: Iterable[int]) -> bool:
+    """Whether keeping the intervals ``kept`` respects the room at every point."""
+    load = np.zeros(len(problem.room_bytes))
+    for i in kept:
+        iv = problem.intervals[i]
+        load[iv.first:iv.last + 1] += iv.size_bytes
+    return bool(np.all(load <= np.array(problem.room_bytes) * (1 + SLACK) + SLACK))
+
+
+# ---------------------------------------------------------------- PFOO-L: room on average
+def average_lower_bound(problem: Problem) -> float:
+    """The bound with the room held only on average over the points (a fractional knapsack:
+    keep the intervals that save the most bytes per byte-point of room first). Weaker than the
+    flow, never above it; ``n log n``."""
+    budget = float(sum(max(r, 0.0) for r in problem.room_bytes))
+    saved = 0.0
+    for iv in sorted(problem.intervals, key=lambda iv: -iv.drop_bytes / (iv.size_bytes * iv.points)):
+        need = iv.size_bytes * iv.points
+        share = min(1.0, budget / need) if need > 0 else 1.0
+        saved += share * iv.drop_bytes
+        budget -= share * need
+        if budget <= 0:
+            break
+    return problem.fixed_bytes + sum(iv.drop_bytes for iv in problem.intervals) - saved
+
+
+# ---------------------------------------------------------------- both bounds
+def bound(problem: Problem, schedules: Iterable[Iterable[int]] = (),
+          max_flow_intervals: int = MAX_FLOW_INTERVALS) -> CacheBound:
+    """Lower and upper bound for ``problem``; ``schedules`` (kept intervals of schedules built
+    elsewhere, e.g. a policy's replay) compete for the upper bound."""
+    t0 = time.perf_counter()
+    candidates = [list(s) for s in schedules]
+    if len(problem.intervals) <= max_flow_intervals:
+        lower, kept = flow_lower_bound(problem)
+        candidates.append(round_schedule(problem, list(kept)))
+        method = BoundMethod.FLOW
+    else:
+        lower, method = average_lower_bound(problem), BoundMethod.AVERAGE
+    upper = min((problem.cost(s) for s in candidates if feasible(problem, s)), default=math.inf)
+    if not math.isfinite(upper):
+        upper = problem.cost(round_schedule(problem, [0.0] * len(problem.intervals)))
+    return CacheBound(min(lower, upper), upper, method, time.perf_counter() - t0)
+
+
+def kept_intervals(problem: Problem, hits: Sequence[bool], resident_at_end: Iterable[int] = ()) -> list[int]:
+    """The intervals a replayed schedule kept: an interval ending at an access is kept when that
+    access hit; a final interval when its tensor is resident at the end."""
+    end = set(resident_at_end)
+    n = len(hits)
+    return [i for i, iv in enumerate(problem.intervals)
+            if (iv.last + 1 < n and hits[iv.last + 1]) or (iv.last == n - 1 and iv.tensor in end)]
