@@ -2,7 +2,8 @@
 
 Core commands live here (``run``, ``profiles``, ``workloads``, ``strategies``, ``schema``);
 every module in :mod:`offsim.commands` adds its own with a ``register(app)`` function.
-User errors (:class:`~offsim.errors.OffsimError`) print one message and exit with status 2.
+User errors (:class:`~offsim.errors.OffsimError`) print one message and exit with status 2; the
+exit codes of every command are listed once, in :mod:`offsim.commands._common`.
 """
 
 from __future__ import annotations
@@ -10,23 +11,37 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel
+from rich.markup import escape
 from rich.table import Table
 
 from offsim import __version__
 from offsim.commands._common import (
+    DEFAULT_HARDWARE,
+    DEFAULT_STRATEGY,
+    DEFAULT_WORKLOAD,
+    EXIT_NO,
+    EXIT_OK,
     HardwareOpt,
+    IterationsOpt,
+    JsonOpt,
+    QuietOpt,
     StrategyOpt,
+    WarmupOpt,
     WorkloadOpt,
+    check_out_file,
     console,
     err_console,
     fail,
     gib,
+    print_json,
     print_metrics_table,
+    say,
 )
 from offsim.config.loading import shipped_files
 from offsim.errors import OffsimError
@@ -34,83 +49,119 @@ from offsim.errors import OffsimError
 # Re-exported for modules that still import them from here (offsim.commands.compare).
 __all__ = ["app", "console", "err_console", "fail", "gib", "print_metrics_table"]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="offsim: simulate offloaded LLM training (GPU HBM, host DRAM, NVMe over PCIe).")
+app = typer.Typer(add_completion=False, no_args_is_help=True)
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"offsim {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version_callback, is_eager=True, help="print offsim's version and exit",
+    )] = False,
+) -> None:
+    """offsim: simulate offloaded LLM training (GPU HBM, host DRAM, NVMe over PCIe).
+
+    Exit status, the same for every command: 0 done; 1 the answer is no (a configuration does
+    not fit, a validation case misses its tolerance, no machine meets a sizing target); 2 bad
+    input (a file, a field or an option; one message, no traceback); 130 interrupted (Ctrl-C);
+    143 stopped by SIGTERM.
+    """
+
 
 @app.command()
 def run(
-    hardware: HardwareOpt = "rtx4090-pcie4-ws",
-    workload: WorkloadOpt = "llama2-7b",
-    strategy: StrategyOpt = "zero-offload",
-    iterations: Annotated[int, typer.Option(help="optimizer steps to simulate")] = 3,
-    warmup: Annotated[int, typer.Option(help="leading steps left out of the metrics")] = 1,
-    as_json: Annotated[bool, typer.Option("--json", help="print the metrics as JSON")] = False,
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    workload: WorkloadOpt = DEFAULT_WORKLOAD,
+    strategy: StrategyOpt = DEFAULT_STRATEGY,
+    iterations: IterationsOpt = 3,
+    warmup: WarmupOpt = 1,
+    as_json: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace JSON here")] = None,
     spans_csv: Annotated[Path | None, typer.Option("--spans", help="write per-op spans as CSV here")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Simulate training iterations and report time, throughput, memory and traffic."""
     from offsim import make_run_config, simulate
     from offsim.report.chrome_trace import write_chrome_trace
     from offsim.report.progress import progress_bar
 
+    check_out_file(trace, "--trace")
+    check_out_file(spans_csv, "--spans")
     try:
         cfg = make_run_config(hardware, workload, strategy, iterations=iterations, warmup_iterations=warmup)
-        with progress_bar(cfg.iterations, "simulating iterations", enabled=not (quiet or as_json)) as advance:
+        with progress_bar(cfg.iterations, "simulating iterations", enabled=not quiet) as advance:
             result = simulate(cfg, on_iteration=lambda done, total: advance())
     except OffsimError as exc:
         fail(str(exc))
-        return
     if trace is not None and result.feasible:
         write_chrome_trace(result, trace)
     if spans_csv is not None and result.feasible:
         result.spans().to_csv(spans_csv, index=False)
     if as_json:
-        sys.stdout.write(result.to_json() + "\n")
+        print_json(json.loads(result.to_json()))  # re-encoded strictly: no NaN/Infinity
     else:
         print_metrics_table(result)
         if trace is not None and result.feasible:
-            console.print(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
+            say(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
     if not result.feasible:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_NO)
 
 
-def _list(kind: str, describe) -> None:
+def _list(kind: str, describe: Callable[[Any], str], as_json: bool) -> None:
+    """Print the shipped files of ``kind`` with a one-line summary each."""
     from offsim.config import loading
 
     loader = {"hardware": loading.load_profile, "workload": loading.load_workload,
               "strategy": loading.load_strategy}[kind]
+    rows: dict[str, dict[str, str]] = {}
+    for name, path in shipped_files(kind).items():
+        try:
+            rows[name] = {"summary": describe(loader(str(path))), "path": str(path)}
+        except OffsimError as exc:
+            rows[name] = {"summary": f"invalid: {exc}", "path": str(path)}
+    if as_json:
+        print_json(rows)
+        return
     t = Table(title=f"shipped {kind} files")
     t.add_column("name")
     t.add_column("summary")
-    for name, path in shipped_files(kind).items():
-        try:
-            t.add_row(name, describe(loader(str(path))))
-        except OffsimError as exc:
-            t.add_row(name, f"[red]invalid: {exc}[/]")
+    for name, row in rows.items():
+        t.add_row(escape(name), escape(row["summary"]))
     console.print(t)
 
 
+def _describe_profile(p: Any) -> str:
+    gen = f" Gen{p.host_link.generation}" if p.host_link.generation else ""
+    nvme = f"{p.nvme.drives}x {p.nvme.model}" if p.nvme else "no NVMe"
+    return (f"{p.topology.gpus_per_node}x {p.gpu.model}, {p.host_link.kind}{gen}, "
+            f"{p.dram.capacity_gib:g} GiB DRAM, {nvme} [{p.provenance.kind}]")
+
+
+def _describe_workload(w: Any) -> str:
+    return (f"{w.model.total_params / 1e9:.2f}B params, {w.model.layers} layers, seq {w.training.seq_len}, "
+            f"micro-batch {w.training.micro_batch}, dp {w.training.data_parallel}")
+
+
 @app.command()
-def profiles() -> None:
+def profiles(as_json: JsonOpt = False) -> None:
     """List the shipped hardware profiles."""
-    _list("hardware", lambda p: f"{p.topology.gpus_per_node}x {p.gpu.model}, {p.host_link.kind}"
-          f"{' Gen' + str(p.host_link.generation) if p.host_link.generation else ''}, "
-          f"{p.dram.capacity_gib:g} GiB DRAM, "
-          f"{(str(p.nvme.drives) + 'x ' + p.nvme.model) if p.nvme else 'no NVMe'} [{p.provenance.kind}]")
+    _list("hardware", _describe_profile, as_json)
 
 
 @app.command()
-def workloads() -> None:
+def workloads(as_json: JsonOpt = False) -> None:
     """List the shipped workloads."""
-    _list("workload", lambda w: f"{w.model.total_params / 1e9:.2f}B params, {w.model.layers} layers, "
-          f"seq {w.training.seq_len}, micro-batch {w.training.micro_batch}, dp {w.training.data_parallel}")
+    _list("workload", _describe_workload, as_json)
 
 
 @app.command()
-def strategies() -> None:
+def strategies(as_json: JsonOpt = False) -> None:
     """List the shipped strategies."""
-    _list("strategy", lambda s: s.description)
+    _list("strategy", lambda s: s.description, as_json)
 
 
 @app.command()
@@ -120,16 +171,17 @@ def schema(kind: Annotated[str, typer.Argument(help="hardware, workload or strat
     from offsim.config.strategy import Strategy
     from offsim.config.workload import Workload
 
-    models = {"hardware": HardwareProfile, "workload": Workload, "strategy": Strategy}
+    models: dict[str, type[BaseModel]] = {
+        "hardware": HardwareProfile, "workload": Workload, "strategy": Strategy}
     if kind not in models:
         fail(f"unknown kind '{kind}'; choose one of {', '.join(models)}")
-    sys.stdout.write(json.dumps(models[kind].model_json_schema(), indent=2) + "\n")
+    print_json(models[kind].model_json_schema())
 
 
 @app.command()
 def version() -> None:
-    """Print offsim's version."""
-    console.print(__version__)
+    """Print offsim's version (the same as ``offsim --version``)."""
+    typer.echo(f"offsim {__version__}")
 
 
 def _register_extensions() -> None:

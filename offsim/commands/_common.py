@@ -14,7 +14,10 @@ Exit codes, used by every subcommand:
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -38,7 +41,8 @@ console = Console()
 err_console = Console(stderr=True)
 
 HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help="hardware profile name or YAML path")]
-WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="workload name, YAML path or HF config.json")]
+WorkloadOpt = Annotated[
+    str, typer.Option("--workload", "-w", help="workload name, YAML path or HF config.json")]
 StrategyOpt = Annotated[str, typer.Option("--strategy", "-s", help="strategy name or YAML path")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (JSON) on stdout")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no summary lines")]
@@ -62,12 +66,35 @@ def note(text: str) -> None:
     err_console.print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, +-inf) replaced by ``None`` (JSON ``null``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, str | bytes):  # numpy scalars
+        return finite(obj.item())
+    return obj
+
+
+def strict_json(obj: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON text (RFC 8259: no ``NaN`` or ``Infinity``); non-finite numbers become ``null``."""
+    return json.dumps(finite(obj), indent=indent, allow_nan=False, default=str)
+
+
+def print_json(obj: Any) -> None:
+    """Write ``obj`` as strict JSON on stdout (the ``--json`` output of every command)."""
+    sys.stdout.write(strict_json(obj) + "\n")
+
+
 def gib(nbytes: float | None) -> str:
     """Bytes as GiB text."""
     return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
 
 
-def _writable_dir(folder: Path, option: str) -> None:
+def _writable_dir(folder: Path, option: str, given: Path) -> None:
     """Fail unless ``folder`` (existing, or the nearest existing parent) is a writable folder."""
     probe = folder
     while not probe.exists():
@@ -75,9 +102,9 @@ def _writable_dir(folder: Path, option: str) -> None:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        fail(f"{option} {folder}: {probe} is a file, not a folder")
+        fail(f"{option} {given}: {probe} is a file, not a folder")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        fail(f"{option} {folder}: no permission to write in {probe}")
+        fail(f"{option} {given}: no permission to write in {probe}")
 
 
 def check_out_file(path: Path | None, option: str = "--out") -> None:
@@ -91,7 +118,7 @@ def check_out_file(path: Path | None, option: str = "--out") -> None:
         fail(f"{option} {path}: is a folder; give a file name")
     if path.exists() and not os.access(path, os.W_OK):
         fail(f"{option} {path}: no permission to overwrite it")
-    _writable_dir(path.parent, option)
+    _writable_dir(path.parent, option, path)
 
 
 def check_out_dir(path: Path | None, option: str = "--out") -> None:
@@ -100,7 +127,7 @@ def check_out_dir(path: Path | None, option: str = "--out") -> None:
         return
     if path.exists() and not path.is_dir():
         fail(f"{option} {path}: is a file; give a folder")
-    _writable_dir(path, option)
+    _writable_dir(path, option, path)
 
 
 def check_positive(value: int | None, option: str) -> None:
@@ -125,8 +152,8 @@ def print_metrics_table(result: Any) -> None:
     _memory_rows(t, m, cfg)
     for name, c in m.cache.items():
         rate = "-" if c.hit_rate is None else f"{100 * c.hit_rate:.0f} %"
-        t.add_row(escape(f"cache {name} ({c.policy})"),
-                  f"hits {rate}, fetched {c.bytes_fetched / 1e9:.3f} GB (OPT {c.opt_bytes_fetched / 1e9:.3f})")
+        fetched = f"fetched {c.bytes_fetched / 1e9:.3f} GB (OPT {c.opt_bytes_fetched / 1e9:.3f})"
+        t.add_row(escape(f"cache {name} ({c.policy})"), f"hits {rate}, {fetched}")
     console.print(t)
 
 
@@ -145,11 +172,11 @@ def _time_rows(t: Table, m: Any) -> None:
 
 #: What each peak-memory row is per, and what it is.
 _PEAK_LABELS = {
-    "gpu": "peak GPU memory (per GPU)",
-    "host_pinned": "peak pinned host DRAM (per node)",
-    "host": "peak host DRAM, pageable + pinned (per node)",
+    "gpu": "peak GPU (per GPU)",
+    "host_pinned": "peak pinned host (per node)",
+    "host": "peak host, pinned incl. (per node)",
     "nvme": "peak NVMe (per node)",
-    "pfs": "peak parallel file system (whole job)",
+    "pfs": "peak parallel FS (whole job)",
 }
 
 
@@ -162,14 +189,16 @@ def _memory_rows(t: Table, m: Any, cfg: Any) -> None:
     for link, b in m.traffic_bytes.model_dump().items():
         if not b and not _configured(cfg, link):
             continue
-        t.add_row(f"traffic {link} per iteration (per GPU)", f"{b / 1e9:.3f} GB")
+        t.add_row(f"{link} / iteration (per GPU)", f"{b / 1e9:.3f} GB")
     if m.activation_policy is not None:
         t.add_row("activations", escape(str(m.activation_policy)))
 
 
 def _configured(cfg: Any, what: str) -> bool:
-    """Whether the hardware profile has the tier or link ``what`` (nvme, pfs); others always."""
+    """Whether the run has the tier or link ``what`` (NVMe, a parallel FS, a GPU-GPU link)."""
     hw = cfg.hardware
+    if what == "gpu_link":
+        return bool(hw.topology.gpus_per_node > 1)
     if what.startswith("nvme"):
         return getattr(hw, "nvme", None) is not None
     if what.startswith("pfs"):

@@ -2,7 +2,8 @@
 cost/time Pareto front. Built from the DataFrame alone (no simulation objects).
 
 Rows that were not simulated (infeasible, dominated, error) have no iteration time and are left
-out of the metric plots; the Pareto figure shows every simulated feasible point.
+out of the metric plots; the heatmap marks their cells (grey, with the reason); the Pareto figure
+shows every simulated feasible point.
 """
 
 from __future__ import annotations
@@ -75,25 +76,46 @@ def metric_vs_axis(
     return fig
 
 
+#: What a heatmap cell without a simulated feasible point says, by the best status among its points.
+CELL_TEXT = {"too_slow": "too slow", "dominated": "dominated", "infeasible": "no fit", "error": "error"}
+
+
+def _cell_status(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Per ``(y, x)`` pair, the text of a cell that has no simulated value (``''`` when it has one)."""
+    order = ["ok", *CELL_TEXT]
+    rank = df["status"].map(lambda s: order.index(s) if s in order else len(order))
+    best = df.assign(_rank=rank).groupby([y, x], sort=True)["_rank"].min()
+    text = best.map(lambda r: "" if r == 0 else CELL_TEXT.get(order[r] if r < len(order) else "", "?"))
+    return text.unstack(x)
+
+
 def heatmap(df: pd.DataFrame, x: str, y: str, metric: str = "iteration_time_s") -> go.Figure:
-    """The best (smallest) ``metric`` over the other axes for each pair of ``x`` and ``y`` values."""
+    """The best (smallest) ``metric`` over the other axes for each pair of ``x`` and ``y`` values.
+
+    A pair with no simulated feasible point is drawn grey and says why (``no fit``, ``too slow``,
+    ``dominated``, ``error``) instead of being left blank.
+    """
     ok = _simulated(df, metric)
-    table = (
-        ok.pivot_table(index=y, columns=x, values=metric, aggfunc="min") if not ok.empty else pd.DataFrame()
-    )
-    fig = go.Figure(
-        go.Heatmap(
-            z=table.values,
-            x=[str(c) for c in table.columns],
-            y=[str(i) for i in table.index],
-            colorscale="Viridis_r",
-            colorbar={"title": _label(metric)},
-            text=[[f"{v:.3g}" for v in row] for row in table.values],
-            texttemplate="%{text}",
-        )
-    )
+    status = _cell_status(df, x, y) if not df.empty else pd.DataFrame()
+    table = pd.DataFrame()
+    if not ok.empty:
+        table = ok.pivot_table(index=y, columns=x, values=metric, aggfunc="min")
+    table = table.reindex(index=status.index, columns=status.columns)
+    xs, ys = [str(c) for c in status.columns], [str(i) for i in status.index]
+    values = table.to_numpy(dtype=float)
+    marked = status.to_numpy()
+    fig = go.Figure()
+    fig.add_trace(go.Heatmap(
+        z=values, x=xs, y=ys, colorscale="Viridis_r", colorbar={"title": _label(metric)},
+        text=[[f"{v:.3g}" if v == v else "" for v in row] for row in values], texttemplate="%{text}",
+        name=_label(metric)))
+    fig.add_trace(go.Heatmap(
+        z=[[1.0 if t else None for t in row] for row in marked], x=xs, y=ys,
+        colorscale=[[0, "#d9d9d9"], [1, "#d9d9d9"]], showscale=False,
+        text=[[t or "" for t in row] for row in marked], texttemplate="%{text}", name="not simulated",
+        hovertemplate="%{y}, %{x}: %{text}<extra></extra>"))
     fig.update_layout(
-        title=f"{_label(metric)}: {y} x {x} (best over other axes; blank = not simulated)",
+        title=f"{_label(metric)}: {y} x {x} (best over other axes; grey: no feasible point, and why)",
         xaxis_title=x,
         yaxis_title=y,
         template="plotly_white",
@@ -170,7 +192,7 @@ def write_figures(
     df: pd.DataFrame, axes: list[str], folder: str | Path, metric: str = "iteration_time_s"
 ) -> list[Path]:
     """Write ``<metric>-vs-<axis>.html`` per varied axis, a heatmap over the first two varied
-    axes, and ``pareto.html`` into ``folder``; plotly.js is written once beside them."""
+    axes, and ``pareto.html`` into ``folder``; each file is self-contained (plotly.js inside)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     varied = [a for a in axes if a in df.columns and df[a].nunique(dropna=False) > 1]
@@ -186,6 +208,6 @@ def write_figures(
     paths = []
     for name, fig in figs.items():
         path = folder / f"{name}.html"
-        fig.write_html(path, include_plotlyjs="directory", full_html=True)
+        fig.write_html(path, include_plotlyjs=True, full_html=True)
         paths.append(path)
     return paths
