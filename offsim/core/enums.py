@@ -71,7 +71,11 @@ class OpKind(StrEnum):
     FREE = "free"        # release exactly what an ALLOC of the same tensor held
     ACQUIRE = "acquire"  # take units of a pool (staging bytes, buffer slots)
     RELEASE = "release"  # give them back
-    ACCESS = "access"    # a policy-managed cache must hold a unit
+    ACCESS = "access"    # issue a policy-managed cache's demand for a unit (and prefetches)
+    READY = "ready"      # wait until the cache holds the unit
+    PREFETCH = "prefetch"  # start fetches early while memory allows
+    DONE = "done"        # the unit's use ended: the eviction policy may release it
+    FLUSH = "flush"      # drop every unit (iteration end)
     JOIN = "join"        # nothing: a point others wait for
 
 
@@ -128,6 +132,7 @@ class CacheId(StrEnum):
 
     GPU_PARAMS = "gpu_params"
     DRAM_OPTIMIZER = "dram_optimizer"
+    GPU_ACTIVATIONS = "gpu_activations"
 
 
 class StreamKind(StrEnum):

@@ -1,0 +1,133 @@
+"""What every mechanism shares: the numbers a build starts from, the sites of an order, and a
+builder that numbers ops and binds their dependencies.
+
+A mechanism is asked for its ops at every *site* of a system's order (a layer's forward or
+backward in one micro-batch, the optimizer step, the iteration's start and end). It takes its
+parameters in its constructor (only the system file reads the configuration), computes its
+numbers once, and emits ops that read only those numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from offsim.core.enums import Activity, MechanismId, Phase
+from offsim.schedule.ops import Block, Body, CacheSpec, Flow, Op, PoolSpec, StreamSpec, Tag, TensorRef
+
+
+#: storage I/O striped over paths that run at once: each flow with the pool slot it holds (or None)
+StorageIO = tuple[tuple[Flow, str | None], ...]
+
+
+class SiteKind(StrEnum):
+    """Where in the order ops are emitted."""
+
+    INIT = "init"                # once, before the first iteration (static state, host set-up)
+    FORWARD = "forward"          # one layer's forward in one micro-batch
+    BACKWARD = "backward"        # one layer's backward in one micro-batch
+    ITERATION_END = "iteration_end"  # after the last backward, before the step
+    STEP = "step"                # the optimizer step
+
+
+class Stage(StrEnum):
+    """A step within a site; a system's order lists (mechanism, stage) pairs per site kind."""
+
+    ISSUE = "issue"    # start fetches (no wait)
+    WAIT = "wait"      # wait for what was issued
+    BEFORE = "before"  # allocate what the kernels need
+    RUN = "run"        # the kernels
+    AFTER = "after"    # free, offload, send gradients
+    DONE = "done"      # the layer's use of cached units ended
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One place in the order.
+
+    Attributes:
+        what: the kind of site.
+        layer: the layer (forward / backward sites), else -1.
+        position: the layer's position in this pass (0 = the first layer the pass visits).
+        first_mb / last_mb: the first / the last micro-batch of the iteration (the last is the
+            boundary before the step).
+        first_iteration: the first iteration (DeepSpeed's first step creates the moments).
+        iteration: the iteration (only for sites whose ops differ per iteration, e.g. the
+            optimizer order), else -1.
+    """
+
+    what: SiteKind
+    layer: int = -1
+    position: int = 0
+    first_mb: bool = True
+    last_mb: bool = True
+    first_iteration: bool = False
+    iteration: int = -1
+
+
+@dataclass
+class BlockBuilder:
+    """Collects one block's ops, numbering them in emission order."""
+
+    name: str
+    ops: list[Op] = field(default_factory=list)
+    marks: dict[object, int] = field(default_factory=dict)  # op ids a mechanism refers to later
+
+    def add(self, body: Body, tag: Tag, stream: str | None = None, after: Sequence[int] = (),
+            reads: Sequence[TensorRef] = (), writes: Sequence[TensorRef] = ()) -> int:
+        """Append an op; returns its id."""
+        op_id = len(self.ops)
+        self.ops.append(Op(op_id, body, tag, stream, tuple(sorted(set(after))), tuple(reads), tuple(writes)))
+        return op_id
+
+    def last_on(self, stream: str) -> int | None:
+        """The id of the last op emitted on ``stream`` so far, or None."""
+        return next((op.id for op in reversed(self.ops) if op.stream == stream), None)
+
+    def build(self) -> Block:
+        """The finished template."""
+        return Block(self.name, tuple(self.ops))
+
+
+def parallel(b: BlockBuilder, flows: StorageIO, t: Tag, after: Sequence[int], stream: str | None = None) -> int:
+    """Flows that run at once after ``after`` (each with the pool slot it holds, if any: the
+    per-path I/O concurrency cap); returns the id of the join that ends when all have."""
+    from offsim.schedule.ops import Acquire, Join, Release  # noqa: PLC0415 - small helper, no cycle
+
+    ends = []
+    for flow, pool in flows:
+        last = b.add(Acquire(pool, 1), t, after=after) if pool else None
+        last = b.add(flow, t, after=after if last is None else [last])
+        ends.append(b.add(Release(pool, 1), t, after=[last]) if pool else last)
+    return b.add(Join(), t, stream, after=ends or after)
+
+
+def tag(activity: Activity, mechanism: MechanismId, phase: Phase, layer: int = -1, group: int = -1,
+        label: str = "") -> Tag:
+    """A :class:`Tag` (shorthand)."""
+    return Tag(activity, mechanism, phase, layer, group, label)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a mechanism owns besides its ops: streams, pools and caches."""
+
+    streams: tuple[StreamSpec, ...] = ()
+    pools: tuple[PoolSpec, ...] = ()
+    caches: tuple[CacheSpec, ...] = ()
+
+
+class Mechanism(Protocol):
+    """One mechanism: its ops at each site and what it owns."""
+
+    id: MechanismId
+
+    def setup(self) -> Setup:
+        """Streams, pools and caches it owns."""
+        ...
+
+    def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
+        """Append its ops for ``stage`` of ``site`` to ``b``."""
+        ...

@@ -1,0 +1,228 @@
+"""The CPU optimizer step, per sub-group, after backward.
+
+Sub-groups are visited in the order policy's order for the iteration. Each one: its state comes
+into host memory (read from NVMe into a pinned swap buffer, or through the DRAM cache over
+NVMe-resident state: a policy-managed cache ``dram_optimizer`` whose misses read and whose dirty
+victims write back), CPU Adam updates it (bound by the CPU's params/s and by DRAM), its state goes
+back to NVMe, and its updated 16-bit parameters go home (H2D, then an all-gather for ZeRO-1/2;
+or an NVMe write). With ``pipeline`` the next sub-group's read and the previous one's write
+overlap the current update (DeepSpeed ``pipeline_read``/``pipeline_write``). Beside the loop the
+GPU may update a resident share (Twin-Flow). DeepSpeed's first step creates each sub-group's
+moments as pageable tensors, freed once swapped out; its fp16 overflow check allocates
+temporaries first.
+
+The step runs on its own CPU stream (``cpu_step``): the compute stream waits for it at the
+iteration end, or, with the delayed parameter update (ZeRO-Offload DPU), only for the previous
+step, so that the step overlaps the next iteration's forward and backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind, TensorKind, Tier
+from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, parallel, tag
+from offsim.mechanisms.compute import COMPUTE
+from offsim.mechanisms.grads import grad_home
+from offsim.schedule.ops import (
+    Access,
+    Alloc,
+    Block,
+    CacheSpec,
+    Delay,
+    Done,
+    Flow,
+    Free,
+    Join,
+    Ready,
+    StreamSpec,
+    TensorRef,
+)
+
+STEP = "cpu_step"
+STEP_DONE = TensorRef(TensorKind.OPT_STATE, unit=-1, group=-2)  # written when a step ends
+
+
+@dataclass(frozen=True)
+class GroupIO:
+    """One sub-group's step: the flows in order and the host bytes held meanwhile.
+
+    Attributes:
+        adam: CPU Adam over the sub-group.
+        swap_in / swap_out: its state from / to NVMe (or the PFS); None when it stays in DRAM.
+        grads_in: its gradients from NVMe (None when they are in DRAM).
+        swap_buffer_bytes: pinned bytes its swap holds while in flight (0 on DeepSpeed's pool).
+        grads_buffer_bytes: pinned bytes its gradient read holds (DRAM-cache path).
+        first_step_bytes: pageable moments the first step creates (DeepSpeed), freed at swap-out.
+        params_home: its 16-bit parameters going home, then ``gather`` (ZeRO-1/2 all-gather).
+    """
+
+    adam: Flow
+    swap_in: StorageIO | None = None
+    swap_out: StorageIO | None = None
+    grads_in: StorageIO | None = None
+    swap_buffer_bytes: int = 0
+    grads_buffer_bytes: int = 0
+    first_step_bytes: int = 0
+    params_home: Flow | None = None
+    gather: Flow | None = None
+
+
+@dataclass(frozen=True)
+class CpuOptimizer:
+    """The after-backward CPU step.
+
+    Attributes:
+        groups: per sub-group, its flows.
+        orders: the order policy's traversal, per iteration.
+        pipeline: overlap reads and writes with updates.
+        dram_cache: the DRAM cache over NVMe state (capacity, unit bytes, write-back flows).
+        overflow_check_bytes: DeepSpeed's fp16 overflow-check temporaries (pageable).
+        resident_s: Twin-Flow's GPU Adam over the GPU-resident share (0: none), then
+            ``resident_gather``.
+        delayed: the delayed parameter update (the step overlaps the next iteration).
+        n_layers: layers whose gradients the step waits for.
+    """
+
+    groups: tuple[GroupIO, ...]
+    orders: tuple[tuple[int, ...], ...]
+    pipeline: bool
+    n_layers: int
+    dram_cache: CacheSpec | None = None
+    overflow_check_bytes: int = 0
+    resident_s: float = 0.0
+    resident_gather: Flow | None = None
+    delayed: bool = False
+    id: MechanismId = MechanismId.CPU_OPTIMIZER
+
+    def setup(self) -> Setup:
+        streams = (StreamSpec(STEP, StreamKind.CPU), StreamSpec("gpu_opt", StreamKind.GPU_COMPUTE))
+        return Setup(streams=streams, caches=(self.dram_cache,) if self.dram_cache else ())
+
+    def _t(self, activity: Activity, group: int = -1, label: str = "") -> object:
+        return tag(activity, self.id, Phase.OPTIMIZER, group=group, label=label)
+
+    def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
+        if site.what is not SiteKind.STEP or stage is not Stage.RUN:
+            return
+        grads = tuple(grad_home(u) for u in range(self.n_layers))
+        if self.delayed:  # the compute stream waits only for the previous step
+            b.add(Join(), self._t(Activity.OPTIMIZER, label="waits for the previous step"), COMPUTE,
+                  reads=(STEP_DONE,))
+        start = b.add(Join(), self._t(Activity.OPTIMIZER, label="gradients home"), STEP, reads=grads)
+        if self.overflow_check_bytes:
+            tmp = TensorRef(TensorKind.WORKSPACE, group=-3)
+            b.add(Alloc(Tier.HOST_PAGEABLE, self.overflow_check_bytes, tmp), self._t(Activity.OPTIMIZER), STEP)
+            b.add(Free(Tier.HOST_PAGEABLE, tmp), self._t(Activity.OPTIMIZER), STEP)
+        side = self._resident(b, start)
+        ends = self._groups(b, self.orders[site.iteration % len(self.orders)], site.first_iteration)
+        end = b.add(Join(), self._t(Activity.OPTIMIZER, label="step done"), STEP, after=[*side, *ends],
+                    writes=(STEP_DONE,))
+        if not self.delayed:
+            b.add(Join(), self._t(Activity.OPTIMIZER, label="waits for the step"), COMPUTE, after=[end])
+
+    def _resident(self, b: BlockBuilder, start: int) -> list[int]:
+        if self.resident_s <= 0:
+            return []
+        last = b.add(Delay(self.resident_s), self._t(Activity.OPTIMIZER, label="GPU Adam (GPU-resident share)"),
+                     "gpu_opt", after=[start])
+        if self.resident_gather is not None:
+            last = b.add(self.resident_gather, self._t(Activity.PARAM_GATHER), after=[last])
+        return [last]
+
+    def _groups(self, b: BlockBuilder, order: tuple[int, ...], first: bool) -> list[int]:
+        """The sub-group loop; returns the ids the step's end waits for."""
+        if not order:
+            return []
+        writes: list[int] = []
+        reading = self._read(b, order[0], first, after=[b.last_on(STEP) or 0])
+        for k, g in enumerate(order):
+            io = self.groups[g]
+            got = b.add(Join(), self._t(Activity.OPT_SWAP_IN, g, "waits for the sub-group's state"), STEP,
+                        after=[reading])
+            if self.pipeline and k + 1 < len(order):
+                reading = self._read(b, order[k + 1], first, after=[got])
+            adam = b.add(io.adam, self._t(Activity.OPTIMIZER, g, f"CPU Adam sub-group {g}"), STEP)
+            write = self._write(b, g, first, after=[adam])
+            if self.pipeline:
+                writes.append(write)
+            else:
+                wait = b.add(Join(), self._t(Activity.OPT_SWAP_OUT, g), STEP, after=[write])
+                if k + 1 < len(order):
+                    reading = self._read(b, order[k + 1], first, after=[wait])
+        return writes
+
+    def _read(self, b: BlockBuilder, g: int, first: bool, after: list[int]) -> int:
+        io = self.groups[g]
+        last = b.add(Join(), self._t(Activity.OPT_SWAP_IN, g), after=after)
+        if io.swap_in is None and io.grads_in is None and self.dram_cache is None:
+            return last
+        if first and io.first_step_bytes:
+            last = b.add(Alloc(Tier.HOST_PAGEABLE, io.first_step_bytes, _moments(g)), self._t(Activity.OPT_SWAP_IN, g),
+                         after=[last])
+        t = self._t(Activity.OPT_SWAP_IN, g)
+        if self.dram_cache is not None:
+            last = b.add(Access(CacheId.DRAM_OPTIMIZER, g), t, after=[last])
+            last = b.add(Ready(CacheId.DRAM_OPTIMIZER, g), t, after=[last])
+            if io.grads_in is not None:
+                last = b.add(Alloc(Tier.HOST_PINNED, io.grads_buffer_bytes, _grads_buffer(g)), t, after=[last])
+                last = parallel(b, io.grads_in, t, [last])
+            return last
+        last = b.add(Alloc(Tier.HOST_PINNED, io.swap_buffer_bytes, _swap_buffer(g)), t, after=[last])
+        if io.swap_in is not None:
+            last = parallel(b, io.swap_in, t, [last])
+        if io.grads_in is not None:
+            last = parallel(b, io.grads_in, t, [last])
+        return last
+
+    def _write(self, b: BlockBuilder, g: int, first: bool, after: list[int]) -> int:
+        io = self.groups[g]
+        t = self._t(Activity.OPT_SWAP_OUT, g)
+        last = b.add(Join(), t, after=after)
+        staged = io.swap_in is not None or io.grads_in is not None
+        if self.dram_cache is not None:
+            if io.grads_in is not None:
+                last = b.add(Free(Tier.HOST_PINNED, _grads_buffer(g)), t, after=[last])
+            last = b.add(Done(CacheId.DRAM_OPTIMIZER, g), t, after=[last])
+        else:
+            if io.swap_out is not None:
+                last = parallel(b, io.swap_out, t, [last])
+            if staged:
+                last = b.add(Free(Tier.HOST_PINNED, _swap_buffer(g)), t, after=[last])
+        if (staged or self.dram_cache is not None) and first and io.first_step_bytes:
+            last = b.add(Free(Tier.HOST_PAGEABLE, _moments(g)), t, after=[last])
+        home = self._t(Activity.PARAM_UPDATE, g)
+        if io.params_home is not None:
+            last = b.add(io.params_home, home, after=[last])
+        if io.gather is not None:
+            last = b.add(io.gather, self._t(Activity.PARAM_GATHER, g), after=[last])
+        return last
+
+
+def _moments(g: int) -> TensorRef:
+    return TensorRef(TensorKind.OPT_STATE, group=g, mb=0)
+
+
+def _swap_buffer(g: int) -> TensorRef:
+    return TensorRef(TensorKind.BUFFER, group=g)
+
+
+def _grads_buffer(g: int) -> TensorRef:
+    return TensorRef(TensorKind.BUFFER, group=g, unit=-2)
+
+
+def dram_cache_programs(state_bytes: dict[int, int], tier: Tier, swap_in: dict[int, StorageIO],
+                        swap_out: dict[int, StorageIO]) -> tuple[dict[int, Block], dict[int, Block]]:
+    """Fetch (hold, read) and evict (write back, free) programs of the DRAM optimizer cache."""
+    fetch, evict = {}, {}
+    for g, nbytes in state_bytes.items():
+        state = TensorRef(TensorKind.OPT_STATE, group=g)
+        b = BlockBuilder(f"sub-group {g} into the DRAM cache")
+        t = tag(Activity.OPT_SWAP_IN, MechanismId.CPU_OPTIMIZER, Phase.OPTIMIZER, group=g)
+        parallel(b, swap_in[g], t, [b.add(Alloc(tier, nbytes, state), t)])
+        fetch[g] = b.build()
+        b = BlockBuilder(f"sub-group {g} written back")
+        t = tag(Activity.OPT_SWAP_OUT, MechanismId.CPU_OPTIMIZER, Phase.OPTIMIZER, group=g)
+        b.add(Free(tier, state), t, after=[parallel(b, swap_out[g], t, [])])
+        evict[g] = b.build()
+    return fetch, evict

@@ -1,0 +1,193 @@
+"""Gradients: reduced across data-parallel ranks and sent home after each layer's backward.
+
+Gradients kept on the GPU are reduced (ring reduce-scatter for ZeRO-2/3, all-reduce otherwise)
+beside the backward. Offloaded gradients are (optionally) projected on the GPU (LSP-Offload),
+wait for one of two GPU gradient buffers (DeepSpeed's double-buffered reduce buckets) and, under
+a layer-wise schedule with bounded host buffers, for a host gradient buffer; the copy reduces,
+copies the partition down and then, on the host: accumulates into the fp32 gradient, casts and
+writes it to NVMe (reading the previous micro-batches' sum first), or, under the layer-wise
+schedule, hands the layer's last gradient to a CPU update that overlaps the rest of backward
+(Fuyou, LSP-Offload, SuperOffload). Without overlap the compute stream waits for each copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
+from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, parallel, tag
+from offsim.mechanisms.compute import COMPUTE, grad16
+from offsim.schedule.ops import (
+    CUR_MB,
+    Acquire,
+    Alloc,
+    Delay,
+    Flow,
+    Free,
+    Join,
+    PoolSpec,
+    Release,
+    StreamSpec,
+    TensorRef,
+)
+
+GRAD_SLOTS = "grad_slots"          # GPU gradient buffers waiting for their copy (2)
+HOST_GRAD_SLOTS = "host_grad_slots"  # layer-wise host gradient buffers
+
+
+def grad_home(layer: int) -> TensorRef:
+    """A layer's gradient where the optimizer reads it (written by the last micro-batch)."""
+    return TensorRef(TensorKind.GRAD_OPT, unit=layer)
+
+
+@dataclass(frozen=True)
+class LayerUpdate:
+    """Layer-wise schedule: the CPU update of one layer as soon as its last gradient is home:
+    ``swap_in`` / ``swap_out`` of NVMe optimizer state (``state_bytes`` held in pinned memory
+    meanwhile), the CPU Adam flow, the flow that sends its 16-bit parameters home."""
+
+    adam: Flow
+    swap_in: StorageIO | None
+    swap_out: StorageIO | None
+    state_bytes: int
+    params_home: Flow | None
+    params_home_stream: str | None
+
+
+@dataclass(frozen=True)
+class LayerGrads:
+    """One layer's gradient path.
+
+    Attributes:
+        reduce: the data-parallel collective (None: dp 1 or no GPU-to-GPU path).
+        offloaded: gradients leave the GPU (else only ``reduce`` runs, beside the backward).
+        compress_s: GPU seconds of the projection before the copy (0: none).
+        buffer_bytes: GPU bytes the copy holds (a layer's gradient, at most one bucket).
+        d2h: the copy of the partition down (None: nothing leaves, e.g. all updated on the GPU).
+        host_buffer_bytes: a layer-wise host gradient buffer (0: the whole-model buffer).
+        accumulate_first / accumulate: the host accumulate copy in the first / later micro-batches.
+        cast / nvme_read / nvme_write: gradients kept on NVMe (cast, read the partial sum, write).
+        update: the layer-wise CPU update (None: after-backward step).
+        gpu_adam_s: layer-wise GPU Adam of the GPU-resident share, at the last micro-batch.
+    """
+
+    reduce: Flow | None
+    offloaded: bool
+    compress_s: float = 0.0
+    buffer_bytes: int = 0
+    d2h: Flow | None = None
+    host_buffer_bytes: int = 0
+    host_tier: Tier = Tier.HOST_PINNED
+    accumulate_first: Flow | None = None
+    accumulate: Flow | None = None
+    cast: Flow | None = None
+    nvme_read: Flow | None = None
+    nvme_write: Flow | None = None
+    update: LayerUpdate | None = None
+    gpu_adam_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Grads:
+    """Reduce, compress, offload and accumulate gradients; ``overlap``: backward continues while
+    they leave (else it waits); ``host_slots``: layer-wise host gradient buffers (None: none)."""
+
+    layers: tuple[LayerGrads, ...]
+    overlap: bool
+    host_slots: int | None
+    id: MechanismId = MechanismId.GRADS
+
+    def setup(self) -> Setup:
+        names = ("grad_reduce", "grad_d2h", "grad_host", "grad_nvme", "cpu_update", "param_update_h2d")
+        streams = tuple(StreamSpec(s, StreamKind.CPU if s in ("grad_host", "cpu_update") else StreamKind.COPY)
+                        for s in names)
+        pools = [PoolSpec(GRAD_SLOTS, 2)]
+        if self.host_slots is not None:
+            pools.append(PoolSpec(HOST_GRAD_SLOTS, self.host_slots))
+        return Setup(streams=streams, pools=tuple(pools))
+
+    def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
+        if site.what is not SiteKind.BACKWARD or stage is not Stage.AFTER:
+            return
+        g = self.layers[site.layer]
+        if not g.offloaded:
+            if g.reduce is not None:
+                b.add(g.reduce, tag(Activity.GRAD_REDUCE, self.id, Phase.BACKWARD, site.layer),
+                      reads=(grad16(site.layer),), writes=(grad_home(site.layer),))
+            return
+        self._offload(b, site, g)
+
+    def _offload(self, b: BlockBuilder, site: Site, g: LayerGrads) -> None:
+        u = site.layer
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
+        if g.compress_s > 0:
+            b.add(Delay(g.compress_s), tag(Activity.GRAD_COMPRESS, self.id, Phase.BACKWARD, u), COMPUTE)
+        if g.host_buffer_bytes > 0:
+            b.add(Acquire(HOST_GRAD_SLOTS, 1), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
+                                                    label="waits for a free host gradient buffer"), COMPUTE)
+        slot = b.add(Acquire(GRAD_SLOTS, 1), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
+                                                 label="waits for a free gradient buffer"), COMPUTE)
+        buf = TensorRef(TensorKind.BUFFER, unit=u, mb=CUR_MB)
+        last = b.add(Alloc(Tier.GPU, g.buffer_bytes, buf), t, after=[slot], reads=(grad16(u),))
+        if g.reduce is not None:
+            last = b.add(g.reduce, tag(Activity.GRAD_REDUCE, self.id, Phase.BACKWARD, u), "grad_reduce", after=[last])
+        if g.d2h is not None:
+            last = b.add(g.d2h, t, "grad_d2h", after=[last])
+        b.add(Free(Tier.GPU, buf), t, after=[last])
+        last = b.add(Release(GRAD_SLOTS, 1), t, after=[last])
+        end = self._on_host(b, site, g, last)
+        if not self.overlap:
+            b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u, label="waits for gradient offload"),
+                  COMPUTE, after=[end])
+        if g.gpu_adam_s > 0 and site.last_mb:
+            b.add(Delay(g.gpu_adam_s), tag(Activity.OPTIMIZER, MechanismId.GPU_OPTIMIZER, Phase.BACKWARD, u,
+                                           label="GPU Adam (GPU-resident share)"), COMPUTE)
+
+    def _on_host(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int) -> int:
+        """The host side after the copy; returns the id of its last op (it writes the layer's
+        optimizer gradient, or, layer-wise, the layer's update)."""
+        u = site.layer
+        home = grad_home(u)
+        host_buf = TensorRef(TensorKind.BUFFER, unit=u, group=0)
+        if g.host_buffer_bytes > 0:
+            last = b.add(Alloc(g.host_tier, g.host_buffer_bytes, host_buf), tag(Activity.GRAD_OFFLOAD, self.id,
+                                                                                 Phase.BACKWARD, u), after=[last])
+        if g.update is not None and g.d2h is None:  # all of it is updated on the GPU
+            return b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u), after=[last],
+                         writes=(home,))
+        if g.update is not None and site.last_mb:  # the gradient stays in DRAM for the update
+            acc = tag(Activity.GRAD_ACCUMULATE, self.id, Phase.BACKWARD, u)
+            last = b.add(g.accumulate_first, acc, "grad_host", after=[last])  # type: ignore[arg-type]
+            return self._update(b, u, g, last)
+        if g.cast is not None:
+            last = b.add(g.cast, tag(Activity.GRAD_CAST, self.id, Phase.BACKWARD, u), "grad_host", after=[last])
+            t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
+            if not site.first_mb:
+                last = b.add(g.nvme_read, t, "grad_nvme", after=[last])  # type: ignore[arg-type]
+            return b.add(g.nvme_write, t, "grad_nvme", after=[last], writes=(home,))  # type: ignore[arg-type]
+        flow = g.accumulate_first if site.first_mb else g.accumulate
+        return b.add(flow, tag(Activity.GRAD_ACCUMULATE, self.id, Phase.BACKWARD, u), "grad_host",  # type: ignore[arg-type]
+                     after=[last], writes=(home,))
+
+    def _update(self, b: BlockBuilder, u: int, g: LayerGrads, last: int) -> int:
+        """The layer-wise CPU update on the ``cpu_update`` stream."""
+        up = g.update
+        assert up is not None
+        state = TensorRef(TensorKind.OPT_STATE, unit=u)
+        t = lambda a: tag(a, MechanismId.CPU_OPTIMIZER, Phase.BACKWARD, u)  # noqa: E731
+        if up.swap_in is not None:
+            last = b.add(Alloc(Tier.HOST_PINNED, up.state_bytes, state), t(Activity.OPT_SWAP_IN), "cpu_update",
+                         after=[last])
+            last = parallel(b, up.swap_in, t(Activity.OPT_SWAP_IN), [last], "cpu_update")
+        last = b.add(up.adam, t(Activity.OPTIMIZER), "cpu_update", after=[last])
+        if up.swap_out is not None:
+            last = parallel(b, up.swap_out, t(Activity.OPT_SWAP_OUT), [last], "cpu_update")
+            last = b.add(Free(Tier.HOST_PINNED, state), t(Activity.OPT_SWAP_OUT), "cpu_update", after=[last])
+        if up.params_home is not None:
+            last = b.add(up.params_home, t(Activity.PARAM_UPDATE), up.params_home_stream or "cpu_update",
+                         after=[last])
+        if g.host_buffer_bytes > 0:
+            host_buf = TensorRef(TensorKind.BUFFER, unit=u, group=0)
+            last = b.add(Free(g.host_tier, host_buf), t(Activity.GRAD_OFFLOAD), "cpu_update", after=[last])
+            last = b.add(Release(HOST_GRAD_SLOTS, 1), t(Activity.GRAD_OFFLOAD), "cpu_update", after=[last])
+        return b.add(Join(), t(Activity.OPTIMIZER), after=[last], writes=(grad_home(u),))

@@ -1,0 +1,116 @@
+"""Parameter fetch: a streamed layer's 16-bit parameters are gathered on the GPU around each use.
+
+The GPU parameter buffer is a policy-managed cache (``gpu_params``), one unit per layer, emptied
+at every iteration end (the step changes every parameter). At each forward and backward site the
+layer's demand is issued (:class:`~offsim.schedule.ops.Access`: a hit, or a miss that runs the
+layer's fetch program after the victims the eviction policy names, then the prefetches the
+prefetch policy asks for), the compute stream waits until it is resident, and when the layer's
+ops have run the eviction policy may release it (DeepSpeed's release after use, kept within
+``stage3_max_reuse_distance``).
+
+A layer's fetch program: hold the gathered bytes on the GPU; read its partition from NVMe into a
+pinned staging buffer and copy it up (parameters on NVMe), or copy it up from host memory
+(parameters on the CPU); all-gather the partitions over the GPU link (ZeRO-3, dp > 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind, TensorKind, Tier
+from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.compute import COMPUTE
+from offsim.schedule.ops import (
+    Access,
+    Acquire,
+    Alloc,
+    Block,
+    CacheSpec,
+    Done,
+    Flow,
+    Flush,
+    Free,
+    Ready,
+    Release,
+    StreamSpec,
+    TensorRef,
+)
+
+STAGING = "staging"  # the pinned staging pool (bytes), owned by the static-state mechanism
+
+
+@dataclass(frozen=True)
+class LayerFetch:
+    """How one layer's parameters arrive: gathered bytes on the GPU, then the flows in order
+    (``nvme``: NVMe read into staging; ``h2d``: the copy up; ``gather``: the all-gather);
+    ``staging_bytes``: what the NVMe read holds of the staging pool."""
+
+    gathered_bytes: int
+    nvme: Flow | None
+    h2d: Flow | None
+    gather: Flow | None
+    staging_bytes: int = 0
+
+
+def gathered(layer: int) -> TensorRef:
+    """A layer's gathered 16-bit parameters on the GPU."""
+    return TensorRef(TensorKind.PARAM16, unit=layer)
+
+
+@dataclass(frozen=True)
+class ParamFetch:
+    """Fetch, prefetch and release of streamed layers' parameters (cache ``gpu_params``).
+
+    Attributes:
+        layers: per layer, how its parameters arrive.
+        budget_bytes: the buffer's capacity (None: unbounded, the policy alone decides).
+    """
+
+    layers: tuple[LayerFetch, ...]
+    budget_bytes: int | None
+    id: MechanismId = MechanismId.PARAM_FETCH
+
+    def setup(self) -> Setup:
+        streams = tuple(StreamSpec(s, k) for s, k in (("param_nvme", StreamKind.AIO), ("param_h2d", StreamKind.COPY),
+                                                       ("param_gather", StreamKind.COPY)))
+        cache = CacheSpec(CacheId.GPU_PARAMS, Tier.GPU, self.budget_bytes,
+                          {u: f.gathered_bytes for u, f in enumerate(self.layers)},
+                          {u: self._fetch_program(u) for u in range(len(self.layers))},
+                          {u: self._release_program(u) for u in range(len(self.layers))})
+        return Setup(streams=streams, caches=(cache,))
+
+    def _fetch_program(self, u: int) -> Block:
+        f = self.layers[u]
+        b = BlockBuilder(f"fetch params of layer {u}")
+        t = tag(Activity.PARAM_FETCH, self.id, Phase.FORWARD, u)
+        b.add(Alloc(Tier.GPU, f.gathered_bytes, gathered(u)), t)
+        if f.nvme is not None:
+            b.add(Acquire(STAGING, f.staging_bytes), t, after=[0])
+            b.add(f.nvme, t, "param_nvme", after=[1])
+        if f.h2d is not None:
+            b.add(f.h2d, t, "param_h2d", after=[len(b.ops) - 1])
+        if f.nvme is not None:
+            b.add(Release(STAGING, f.staging_bytes), t, after=[len(b.ops) - 1])
+        if f.gather is not None:
+            b.add(f.gather, tag(Activity.PARAM_GATHER, self.id, Phase.FORWARD, u), "param_gather",
+                  after=[len(b.ops) - 1])
+        return b.build()
+
+    def _release_program(self, u: int) -> Block:
+        b = BlockBuilder(f"release params of layer {u}")
+        b.add(Free(Tier.GPU, gathered(u)), tag(Activity.PARAM_FETCH, self.id, Phase.FORWARD, u))
+        return b.build()
+
+    def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
+        phase = Phase.FORWARD if site.what is SiteKind.FORWARD else Phase.BACKWARD
+        t = tag(Activity.PARAM_FETCH, self.id, phase, site.layer)
+        if site.what is SiteKind.ITERATION_END and stage is Stage.DONE:
+            b.add(Flush(CacheId.GPU_PARAMS), tag(Activity.PARAM_FETCH, self.id, Phase.BACKWARD), COMPUTE)
+        elif site.what not in (SiteKind.FORWARD, SiteKind.BACKWARD):
+            return
+        elif stage is Stage.ISSUE:
+            b.add(Access(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)
+        elif stage is Stage.WAIT:
+            b.add(Ready(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)
+        elif stage is Stage.DONE:
+            b.add(Done(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)

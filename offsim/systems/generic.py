@@ -1,0 +1,442 @@
+"""The generic system: today's strategy knobs, composed from the mechanisms.
+
+A scaffold for the migration to one file per system: it reads the whole :class:`Strategy` and
+builds every mechanism's numbers the way the SimPy engine (:mod:`offsim.engine.simulate`) runs
+them, so that the schedule it compiles can be compared op for op with what that engine does
+(``tests/test_schedule_shadow.py``).
+
+Not yet in the schedule (the engine decides them at run time): Deep Optimizer States' per-step
+split (``optimizer_split: perf-model``), whose sub-groups streamed to the GPU are chosen from the
+rates observed in the previous step; the schedule lists every sub-group on the CPU and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from offsim.config.run import RunConfig
+from offsim.core.enums import CacheId, TensorKind, Tier, home_tier
+from offsim.mechanisms.activations import Activations, LayerActivations
+from offsim.mechanisms.base import SiteKind, Stage, StorageIO
+from offsim.mechanisms.compute import Compute, LayerCost
+from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GroupIO, dram_cache_programs
+from offsim.mechanisms.gpu_optimizer import GpuOptimizer
+from offsim.mechanisms.grads import Grads, LayerGrads, LayerUpdate
+from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
+from offsim.mechanisms.static_state import StaticItem, StaticState
+from offsim.plan import footprint as fp
+from offsim.plan.model import Layer
+from offsim.plan.paths import Paths, resource_capacities
+from offsim.plan.policy_plan import (
+    activation_decisions,
+    build_context,
+    custom_activations,
+    dram_cache_bytes,
+    param_budget_bytes,
+)
+from offsim.schedule.ops import CacheSpec, Flow, Schedule
+from offsim.systems.compile import System, compile_system
+
+
+def _int(x: float) -> int:
+    """Bytes rounded once, at compile time."""
+    return int(round(x))
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What the generic system derives once from the run configuration."""
+
+    cfg: RunConfig
+    sz: fp.StateSizes
+    paths: Paths
+    layers: tuple[Layer, ...]
+    recompute: tuple[bool, ...]
+    act_tier: tuple[Tier, ...]
+    offloads: tuple[bool, ...]
+    host_share: tuple[float, ...]
+
+    @property
+    def st(self):  # noqa: ANN201 - the Strategy
+        return self.cfg.strategy
+
+    @property
+    def bpp_param(self) -> float:
+        return self.sz.param_bytes / self.sz.params_total
+
+    @property
+    def bpp_grad(self) -> float:
+        return self.sz.grad_bytes / self.sz.params_total
+
+    @property
+    def layerwise(self) -> bool:
+        return self.st.optimizer_schedule == "layerwise"
+
+    @property
+    def host(self) -> Tier:
+        return Tier.HOST_PINNED if self.st.pin_memory else Tier.HOST_PAGEABLE
+
+    def collective(self, nbytes_full: float, factor: float) -> Flow | None:
+        """A ring collective over the data-parallel ranks (None without a GPU-to-GPU path)."""
+        if self.st.replicated_param_swap or self.sz.dp <= 1:
+            return None
+        dp = self.sz.dp
+        return self.paths.ring(_int(factor * (dp - 1) / dp * nbytes_full), factor * (dp - 1))
+
+
+def _nvme_write_rate(cfg: RunConfig, sz: fp.StateSizes) -> float:
+    """The array's sustained write rate at this run's per-iteration write volume."""
+    nv = cfg.hardware.nvme
+    if nv is None:
+        return 1.0
+    pl = cfg.strategy.placement
+    total = 0.0
+    if pl.optimizer_states == "nvme":
+        total += sz.local_params * sz.optimizer_bytes_per_param
+    if pl.grads == "nvme":
+        total += sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
+    if pl.params == "nvme":
+        total += sz.param_bytes / sz.param_part
+    return nv.sustained_write_bytes_per_s(total * sz.ranks_per_node)
+
+
+def _host_shares(cfg: RunConfig, sz: fp.StateSizes) -> tuple[float, ...]:
+    """Per layer, the share of its optimizer state the CPU updates (Twin-Flow: 1 - f for all;
+    layer-wise: whole layers from the first on the GPU, f of the parameters in all)."""
+    f = cfg.strategy.optimizer_gpu_fraction
+    if cfg.strategy.optimizer_schedule != "layerwise" or f == 0.0:
+        return tuple([1.0 - f] * len(sz.layers))
+    gpu_left, shares = f * sz.params_total, []
+    for lay in sz.layers:
+        on_gpu = min(max(gpu_left, 0.0), lay.params)
+        gpu_left -= lay.params
+        share = 1.0 - on_gpu / lay.params
+        shares.append(0.0 if share < 1e-9 else share)
+    return tuple(shares)
+
+
+def build_ctx(cfg: RunConfig) -> Ctx:
+    """Sizes, paths and the activation policy's per-layer decisions."""
+    sz = fp.state_sizes(cfg)
+    layers = tuple(sz.layers)
+    paths = Paths(cfg, resource_capacities(cfg, sz.ranks_per_node, sz.dp), _nvme_write_rate(cfg, sz))
+    st = cfg.strategy
+    if custom_activations(cfg):
+        ds = {d.layer: d for d in activation_decisions(cfg, sz)}
+        recompute = tuple(ds[lay.index].recompute for lay in layers)
+        tiers = tuple(ds[lay.index].tier for lay in layers)
+        offloads = tuple(t != "gpu" for t in tiers)
+    else:
+        recompute = tuple(cfg.activation_checkpointing and lay.is_block for lay in layers)
+        tiers = tuple(st.placement.activations for _ in layers)
+        offloads = tuple(st.placement.activations != "gpu" and len(layers) - 1 - lay.index > st.prefetch_depth
+                         for lay in layers)
+    act_tier = tuple(home_tier(t, st.pin_memory) for t in tiers)
+    return Ctx(cfg, sz, paths, layers, recompute, act_tier, offloads, _host_shares(cfg, sz))
+
+
+# ---------------------------------------------------------------- per mechanism
+def compute(c: Ctx) -> Compute:
+    tp = c.cfg.workload.training.tensor_parallel
+    hidden = 2.0 * c.cfg.workload.training.tokens_per_micro_batch * c.cfg.workload.model.hidden
+    allreduce = c.paths.ring(_int(2 * 2.0 * (tp - 1) / tp * hidden), 2 * 2.0 * (tp - 1)) if tp > 1 else None
+    return Compute(tuple(LayerCost(lay.fwd_s, lay.bwd_s, lay.fwd_flop, rc, allreduce if lay.is_block else None)
+                         for lay, rc in zip(c.layers, c.recompute, strict=True)))
+
+
+def param_fetch(c: Ctx) -> ParamFetch | None:
+    if not fp.params_streamed(c.cfg):
+        return None
+    out = []
+    staging_cap = _int(c.st.pinned_buffer_count * c.st.pinned_buffer_bytes)
+    for lay in c.layers:
+        full = lay.params * c.bpp_param
+        part = full / c.sz.param_part
+        home = c.st.placement.params
+        if c.layerwise:
+            part *= c.host_share[lay.index]
+            home = home if part > 0 else "gpu"
+        nvme = c.paths.nvme(True, _int(part)) if home == "nvme" else None
+        h2d = c.paths.dma(True, _int(part), pinned=True if home == "nvme" else c.st.pin_memory) \
+            if home in ("nvme", "cpu") else None
+        gather = c.collective(full, 1.0) if c.sz.param_part > 1 else None
+        out.append(LayerFetch(_int(full), nvme, h2d, gather, min(_int(part), staging_cap)))
+    budget = param_budget_bytes(c.cfg, c.sz)
+    return ParamFetch(tuple(out), None if math.isinf(budget) else _int(budget))
+
+
+def activations(c: Ctx) -> Activations:
+    staging_cap = _int(c.st.pinned_buffer_count * c.st.pinned_buffer_bytes)
+    gb = fp.grad_buffer_bytes(c.cfg, c.sz)
+    out, reserve = [], []
+    for lay, rc, tier, moved in zip(c.layers, c.recompute, c.act_tier, c.offloads, strict=True):
+        kept = _int(lay.kept_bytes(rc))
+        transient = _int(lay.act_full_bytes) - kept if kept < _int(lay.act_full_bytes) else 0
+        work = _int(lay.backward_work_bytes(rc))
+        reserve.append(work + _int(gb))
+        if not moved:
+            out.append(LayerActivations(kept, transient, work, Tier.GPU))
+        elif tier is Tier.NVME and c.st.gpudirect_storage:
+            out.append(LayerActivations(kept, transient, work, tier, out_storage=c.paths.gds(False, kept),
+                                        back_storage=c.paths.gds(True, kept)))
+        elif tier is Tier.NVME:
+            out.append(LayerActivations(kept, transient, work, tier, c.paths.dma(False, kept), c.paths.nvme(False, kept),
+                                        c.paths.dma(True, kept), c.paths.nvme(True, kept), min(kept, staging_cap)))
+        else:
+            pinned = c.st.pin_memory
+            out.append(LayerActivations(kept, transient, work, c.host, c.paths.dma(False, kept, pinned),
+                                        back=c.paths.dma(True, kept, pinned)))
+    return Activations(tuple(out), c.st.prefetch_depth, tuple(reserve))
+
+
+def _layer_update(c: Ctx, lay: Layer) -> LayerUpdate:
+    """Layer-wise CPU update of ``lay`` (the engine's ``_update_layer``)."""
+    sz, pl = c.sz, c.st.placement
+    params = lay.params / sz.opt_part / c.st.grad_compression_ratio * c.host_share[lay.index]
+    state = params * sz.optimizer_bytes_per_param
+    nvme = pl.optimizer_states == "nvme"
+    home = None
+    nbytes = _int(params * c.bpp_param)
+    if pl.params == "gpu":
+        home = c.paths.dma(True, nbytes, c.st.pin_memory)
+    elif pl.params == "nvme":
+        home = c.paths.nvme(False, nbytes)
+    dram_bpp = _optimizer_dram_bpp(c)
+    return LayerUpdate(c.paths.cpu_optimizer(_int(params * dram_bpp), dram_bpp),
+                       storage(c, True, state) if nvme else None,
+                       storage(c, False, state) if nvme else None, _int(state), home,
+                       "param_update_h2d" if pl.params == "gpu" else None)
+
+
+def _optimizer_dram_bpp(c: Ctx) -> float:
+    """DRAM bytes per parameter of one CPU Adam: read and write master + moments, read the
+    gradient, write the 16-bit parameter."""
+    return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
+
+
+def _gpu_adam_bpp(c: Ctx) -> float:
+    return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
+
+
+def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None) -> LayerGrads:
+    st, sz = c.st, c.sz
+    factor = 1.0 if st.zero_stage >= 2 else 2.0
+    full = lay.params * c.bpp_grad
+    reduce = c.collective(full, factor)
+    if st.placement.grads == "gpu":
+        return LayerGrads(reduce, offloaded=False)
+    ratio, share = st.grad_compression_ratio, c.host_share[lay.index]
+    part = full / sz.grad_part / ratio * share
+    local = lay.params / sz.grad_part / ratio * share
+    hg = sz.host_grad_bytes_per_param
+    gpu = c.cfg.hardware.gpu
+    flop = lay.params * st.grad_compression_flop_per_param
+    compress = flop / (gpu.peak_flops(c.cfg.workload.precision.compute) * gpu.gemm_fraction(flop)) \
+        if ratio > 1.0 and flop > 0 else 0.0
+    on_gpu = 1.0 - share
+    gpu_adam = 0.0
+    if c.layerwise and on_gpu > 0:
+        gpu_adam = lay.params / sz.opt_part * on_gpu * _gpu_adam_bpp(c) / gpu.hbm_bytes_per_s
+    nvme = st.placement.grads == "nvme"
+    return LayerGrads(
+        reduce, True, compress, _int(min(full, fp.grad_buffer_bytes(c.cfg, sz))),
+        c.paths.dma(False, _int(part), st.pin_memory) if part > 0 else None,
+        _int(local * hg) if host_slots is not None and share > 0 else 0, c.host,
+        c.paths.host_copy(_int(local * (c.bpp_grad + hg))), c.paths.host_copy(_int(local * (c.bpp_grad + 2 * hg))),
+        c.paths.host_copy(_int(local * (c.bpp_grad + hg))) if nvme else None,
+        c.paths.nvme(True, _int(local * hg)) if nvme else None,
+        c.paths.nvme(False, _int(local * hg)) if nvme else None,
+        _layer_update(c, lay) if c.layerwise and local > 0 else None, gpu_adam)
+
+
+def grads(c: Ctx) -> Grads:
+    slots = fp.layerwise_grad_buffers(c.cfg)
+    return Grads(tuple(_layer_grads(c, lay, slots) for lay in c.layers), c.st.overlap_grad_offload, slots)
+
+
+def storage(c: Ctx, read: bool, nbytes: float) -> StorageIO:
+    """Optimizer-state I/O: striped over NVMe and the PFS by ``pfs_share`` (both at once), each
+    part under its path's ``io_concurrency`` cap (MLP-Offload, arXiv 2509.02480); else NVMe."""
+    share = c.st.pfs_share if c.cfg.hardware.pfs is not None else 0.0
+    capped = c.st.io_concurrency is not None
+    if share <= 0 and not capped:
+        return ((c.paths.nvme(read, _int(nbytes)), None),)
+    pfs = nbytes * share
+    parts: list[tuple[Flow, str | None]] = []
+    if nbytes - pfs > 0:
+        parts.append((c.paths.nvme(read, _int(nbytes - pfs)), "io_nvme" if capped else None))
+    if pfs > 0:
+        parts.append((c.paths.pfs(read, _int(pfs)), "io_pfs" if capped else None))
+    return tuple(parts)
+
+
+def _subgroups(c: Ctx) -> list[float]:
+    """Host-resident optimizer sub-groups (parameters each)."""
+    local = c.sz.local_params * (1.0 - c.st.optimizer_gpu_fraction)
+    n = max(1, math.ceil(local / c.st.sub_group_params))
+    return [local / n] * n
+
+
+def _orders(c: Ctx, n_groups: int) -> tuple[tuple[int, ...], ...]:
+    """The order policy's traversal per iteration (checked to be a permutation)."""
+    policy = c.st.policies.optimizer_order.build(build_context(c.cfg, len(c.layers), c.bpp_param))
+    orders = tuple(tuple(policy.order(it, n_groups)) for it in range(c.cfg.iterations))
+    for it, order in enumerate(orders):
+        if sorted(order) != list(range(n_groups)):
+            from offsim.core.errors import PolicyError  # noqa: PLC0415
+            raise PolicyError(f"optimizer order policy '{policy.name}' at iteration {it}: {list(order)} is not "
+                              f"a permutation of the {n_groups} sub-groups")
+    return orders
+
+
+def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
+    sz, pl, st = c.sz, c.st.placement, c.st
+    state = params * sz.optimizer_bytes_per_param if pl.optimizer_states == "nvme" else 0.0
+    grads_b = params * sz.host_grad_bytes_per_param if pl.grads == "nvme" else 0.0
+    dram_bpp = _optimizer_dram_bpp(c)
+    nbytes = _int(params * c.bpp_param)
+    home = gather = None
+    if pl.params == "gpu":
+        home = c.paths.dma(True, nbytes, st.pin_memory)
+        if sz.dp > 1 and st.zero_stage in (1, 2):
+            gather = c.collective(nbytes * sz.dp, 1.0)
+    elif pl.params == "nvme":
+        home = c.paths.nvme(False, nbytes)
+    first = _int(fp.first_step_state_bytes(c.cfg, params))
+    adam = c.paths.cpu_optimizer(_int(params * dram_bpp), dram_bpp)
+    if cached:
+        grads_in = storage(c, True, grads_b) if grads_b > 0 else None
+        return GroupIO(adam, grads_in=grads_in, grads_buffer_bytes=_int(fp.round_pinned(grads_b, st.host_allocator)),
+                       first_step_bytes=first, params_home=home, gather=gather)
+    staged = state + grads_b
+    buffer = 0 if fp.deepspeed_zero3_offload(c.cfg) else _int(fp.round_pinned(staged, st.host_allocator))
+    return GroupIO(adam, storage(c, True, staged) if staged > 0 else None,
+                   storage(c, False, state) if state > 0 else None, None, buffer, 0, first, home, gather)
+
+
+def _dram_cache(c: Ctx, groups: list[float]) -> CacheSpec | None:
+    st = c.st
+    on_nvme = st.placement.optimizer_states == "nvme" and st.optimizer_device == "cpu" and not c.layerwise
+    capacity = dram_cache_bytes(c.cfg, c.sz)
+    if not on_nvme or capacity <= 0:
+        return None
+    state = {g: _int(p * c.sz.optimizer_bytes_per_param) for g, p in enumerate(groups)}
+    fetch, evict = dram_cache_programs(state, c.host, {g: storage(c, True, b) for g, b in state.items()},
+                                       {g: storage(c, False, b) for g, b in state.items()})
+    return CacheSpec(CacheId.DRAM_OPTIMIZER, c.host, _int(capacity) if math.isfinite(capacity) else None,
+                     state, fetch, evict, persistent=True)
+
+
+def optimizer(c: Ctx) -> CpuOptimizer | GpuOptimizer:
+    sz, st = c.sz, c.st
+    n = len(c.layers)
+    if c.layerwise:
+        return GpuOptimizer(0.0, None, n)
+    if st.optimizer_device == "gpu":
+        bpp = 2 * sz.optimizer_bytes_per_param + c.bpp_grad + c.bpp_param
+        gather = c.collective(sz.param_bytes, 1.0) if st.zero_stage in (1, 2) else None
+        return GpuOptimizer(sz.local_params * bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, gather, n)
+    groups = _subgroups(c)
+    cache = _dram_cache(c, groups)
+    resident = sz.local_params * st.optimizer_gpu_fraction
+    gather = c.collective(resident * c.bpp_param * sz.dp, 1.0) if resident > 0 and st.zero_stage in (1, 2) else None
+    return CpuOptimizer(tuple(_group_io(c, p, cache is not None) for p in groups), _orders(c, len(groups)),
+                        st.optimizer_swap_pipeline, n, cache, _int(fp.overflow_check_bytes(c.cfg, sz)),
+                        resident * _gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
+                        st.delayed_param_update)
+
+
+def static_state(c: Ctx) -> StaticState:
+    """The engine's ``_allocate_static`` as data."""
+    cfg, sz, st = c.cfg, c.sz, c.st
+    pl, pinned = st.placement, st.pin_memory
+    items = [StaticItem(Tier.GPU, _int(cfg.hardware.gpu.reserved_bytes), "reserved", TensorKind.RESERVED),
+             StaticItem(home_tier(pl.params, pinned), _int(fp.home_param_bytes(cfg, sz)), "params",
+                        TensorKind.PARAM16)]
+    share = 1.0 - st.optimizer_gpu_fraction
+    if pl.grads == "gpu":
+        items.append(StaticItem(Tier.GPU, _int(sz.grad_bytes / sz.grad_part), "grads", TensorKind.GRAD_OPT))
+    elif fp.layerwise_grad_buffers(cfg) is None:
+        g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param * share
+        items.append(StaticItem(home_tier(pl.grads, pinned), _int(_pinned_groups(c, g, pl.grads)), "grads",
+                                TensorKind.GRAD_OPT))
+    o = sz.local_params * sz.optimizer_bytes_per_param * share
+    resident = st.optimizer_gpu_fraction * (sz.local_params * sz.optimizer_bytes_per_param
+                                            + sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param)
+    items.append(StaticItem(Tier.GPU, _int(resident), "optimizer state, fp32 grads on the GPU", TensorKind.OPT_STATE))
+    on_pfs = fp.pfs_share(cfg)
+    items.append(StaticItem(home_tier(pl.optimizer_states, pinned),
+                            _int(_pinned_groups(c, o * (1.0 - on_pfs), pl.optimizer_states)), "optimizer state",
+                            TensorKind.OPT_STATE))
+    items.append(StaticItem(Tier.PFS, _int(o * on_pfs), "optimizer state striped to the PFS", TensorKind.OPT_STATE))
+    if fp.deepspeed_zero3_offload(cfg):
+        items += [StaticItem(Tier(s.tier), _int(s.nbytes), s.what) for s in fp.deepspeed_host_init(cfg, sz)]
+    elif st.needs_staging_buffers():
+        nbytes = st.pinned_buffer_count * fp.round_pinned(st.pinned_buffer_bytes, st.host_allocator)
+        items.append(StaticItem(Tier.HOST_PINNED, _int(nbytes), "pinned staging buffers"))
+    return StaticState(tuple(i for i in items if i.nbytes != 0), _int(st.pinned_buffer_count * st.pinned_buffer_bytes))
+
+
+def _pinned_groups(c: Ctx, nbytes: float, home: str) -> float:
+    st = c.st
+    if home != "cpu" or not st.pin_memory or st.host_allocator != "caching":
+        return nbytes
+    n = len(_subgroups(c))
+    return n * fp.round_pinned(nbytes / n, "caching")
+
+
+def _step_period(orders: tuple[tuple[int, ...], ...]) -> int:
+    """The smallest p such that every step from the second on repeats every p iterations."""
+    later = orders[1:]
+    for p in range(1, max(1, len(later)) + 1):
+        if all(later[k] == later[k % p] for k in range(len(later))):
+            return p
+    return max(1, len(later))
+
+
+FORWARD_ORDER = (("params", Stage.ISSUE), ("params", Stage.WAIT), ("activations", Stage.BEFORE),
+                 ("compute", Stage.RUN), ("activations", Stage.AFTER), ("params", Stage.DONE))
+BACKWARD_ORDER = (("params", Stage.ISSUE), ("activations", Stage.ISSUE), ("activations", Stage.WAIT),
+                  ("params", Stage.WAIT), ("activations", Stage.BEFORE), ("compute", Stage.RUN),
+                  ("activations", Stage.AFTER), ("grads", Stage.AFTER), ("params", Stage.DONE))
+
+
+def compose(cfg: RunConfig) -> System:
+    """The generic system for ``cfg``: the mechanisms its knobs call for, in the standard order."""
+    c = build_ctx(cfg)
+    mechs: dict[str, object] = {"static": static_state(c), "compute": compute(c), "activations": activations(c),
+                                "grads": grads(c), "optimizer": optimizer(c)}
+    fetch = param_fetch(c)
+    if fetch is not None:
+        mechs["params"] = fetch
+    else:
+        mechs["params"] = _Nothing()
+    opt = mechs["optimizer"]
+    period = _step_period(opt.orders) if isinstance(opt, CpuOptimizer) else 1
+    notes = ()
+    if c.st.optimizer_split == "perf-model":
+        notes = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen at run time from the "
+                 "previous step's rates (Deep Optimizer States); this schedule lists every sub-group on the CPU",)
+    sites = {SiteKind.INIT: (("static", Stage.RUN),), SiteKind.FORWARD: FORWARD_ORDER,
+             SiteKind.BACKWARD: BACKWARD_ORDER, SiteKind.ITERATION_END: (("params", Stage.DONE),),
+             SiteKind.STEP: (("optimizer", Stage.RUN),)}
+    return System(mechs, sites, len(c.layers), cfg.workload.training.grad_accumulation,  # type: ignore[arg-type]
+                  cfg.iterations, period, notes)
+
+
+@dataclass(frozen=True)
+class _Nothing:
+    """A mechanism slot the strategy does not use (parameters resident on the GPU)."""
+
+    def setup(self):  # noqa: ANN201
+        from offsim.mechanisms.base import Setup  # noqa: PLC0415
+        return Setup()
+
+    def emit(self, b, site, stage) -> None:  # noqa: ANN001
+        return None
+
+
+def compile_generic(cfg: RunConfig) -> Schedule:
+    """The schedule of ``cfg`` under the generic system."""
+    return compile_system(compose(cfg))
