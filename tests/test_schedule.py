@@ -1,0 +1,178 @@
+"""The schedule a strategy compiles: its ops, their order and dependencies, checked by hand on
+the tiny model; structural invariants over every shipped strategy and random small workloads
+(Hypothesis); the ``offsim schedule`` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from offsim import load_workload, make_run_config
+from offsim.cli import app
+from offsim.config.loading import shipped_files
+from offsim.core.enums import Activity, CacheId, OpKind, TensorKind, Tier
+from offsim.schedule.analysis import accesses, check_acyclic, check_allocations, op_instances
+from offsim.schedule.ops import Access, Alloc, Block, Flow, Schedule
+from offsim.systems.generic import compile_generic
+
+STRATEGIES = sorted(shipped_files("strategy"))
+
+
+def _block(schedule: Schedule, prefix: str) -> Block:
+    return next(b for b in schedule.blocks() if b.name.startswith(prefix))
+
+
+def _layer_ops(block: Block, layer: int, activity_in: set[Activity]) -> list[str]:
+    return [f"{op.body.kind}:{op.tag.activity}" for op in block.ops
+            if op.tag.layer == layer and op.tag.activity in activity_in]
+
+
+def test_zero3_offload_layer_forward_and_backward_by_hand() -> None:
+    """ZeRO-3 with parameters and optimizer state in CPU memory (zero-infinity-cpu) on tiny:
+    each layer's forward issues its parameters' demand, waits for them, holds its activations,
+    runs the kernel and ends its use of the parameters; its backward also sends the gradient
+    down through one of two GPU gradient buffers and accumulates it on the host."""
+    sc = compile_generic(make_run_config("tiny", "tiny", "zero-infinity-cpu"))
+    mb = _block(sc, "micro-batch")
+    fwd = [op for op in mb.ops if op.tag.layer == 2][:5]
+    assert [(op.body.kind, op.stream) for op in fwd] == [
+        (OpKind.ACCESS, "gpu"), (OpKind.READY, "gpu"), (OpKind.ALLOC, "gpu"), (OpKind.DELAY, "gpu"),
+        (OpKind.DONE, "gpu")]
+    bwd = [op for op in mb.ops if op.tag.layer == 2][5:]
+    kinds = [(op.body.kind, op.tag.activity) for op in bwd]
+    assert kinds == [
+        (OpKind.ACCESS, Activity.PARAM_FETCH), (OpKind.READY, Activity.PARAM_FETCH),
+        (OpKind.ALLOC, Activity.ACT_FETCH), (OpKind.DELAY, Activity.BACKWARD),
+        (OpKind.FREE, Activity.ACT_FETCH), (OpKind.FREE, Activity.ACT_FETCH),
+        (OpKind.ACQUIRE, Activity.GRAD_OFFLOAD), (OpKind.ALLOC, Activity.GRAD_OFFLOAD),
+        (OpKind.FLOW, Activity.GRAD_OFFLOAD), (OpKind.FREE, Activity.GRAD_OFFLOAD),
+        (OpKind.RELEASE, Activity.GRAD_OFFLOAD), (OpKind.FLOW, Activity.GRAD_ACCUMULATE),
+        (OpKind.DONE, Activity.PARAM_FETCH)]
+    acquire, alloc, d2h, free, release, acc = bwd[6:12]
+    assert alloc.after == (acquire.id,) and d2h.after == (alloc.id,) and free.after == (d2h.id,)
+    assert release.after == (d2h.id,) and acc.after == (release.id,)
+    assert d2h.stream == "grad_d2h" and acc.stream == "grad_host"
+    assert acc.writes[0].kind is TensorKind.GRAD_OPT and acc.writes[0].unit == 2
+    # the gradient of the layer: 16-bit, its partition (dp 1: all of it)
+    layer_params = 12_589_056  # a tiny block: 4 x 1024^2 (attention) + 2 x 1024 x 4096 (MLP) + norms/biases
+    assert isinstance(d2h.body, Flow) and d2h.body.nbytes == pytest.approx(2 * layer_params, rel=1e-3)
+
+
+def test_zero3_step_reads_every_gradient_and_the_next_fetch_waits_for_it() -> None:
+    """The CPU step starts when every layer's gradient is home (a read of each), runs CPU Adam
+    per sub-group, and the compute stream waits for it. The 16-bit parameters live in host
+    memory (ZeRO-3 offload_param: cpu), updated in place: nothing goes up; with them on the GPU
+    (ZeRO-Offload) each sub-group's go up after its update."""
+    sc = compile_generic(make_run_config("tiny", "tiny", "zero-infinity-cpu"))
+    step = _block(sc, "step (first")
+    start = next(op for op in step.ops if op.tag.label == "gradients home")
+    assert {r.unit for r in start.reads} == set(range(6)) and start.stream == "cpu_step"
+    adams = [op for op in step.ops if op.tag.activity is Activity.OPTIMIZER and op.body.kind is OpKind.FLOW]
+    homes = [op for op in step.ops if op.tag.activity is Activity.PARAM_UPDATE]
+    assert len(adams) >= 1 and not homes
+    zo = _block(compile_generic(make_run_config("tiny", "tiny", "zero-offload")), "step (first")
+    zo_adams = [op for op in zo.ops if op.tag.activity is Activity.OPTIMIZER and op.body.kind is OpKind.FLOW]
+    zo_homes = [op for op in zo.ops if op.tag.activity is Activity.PARAM_UPDATE]
+    assert len(zo_homes) == len(zo_adams) >= 1 and all(h.body.links == ("h2d",) for h in zo_homes)
+    last = step.ops[-1]
+    assert last.stream == "gpu" and last.tag.label == "waits for the step"
+    assert step.ops[-1].body.kind is OpKind.JOIN
+
+
+def test_dpu_compute_waits_only_for_the_previous_step() -> None:
+    sc = compile_generic(make_run_config("tiny", "tiny", "zero-offload-dpu"))
+    step = _block(sc, "step (first")
+    on_gpu = [op for op in step.ops if op.stream == "gpu"]
+    assert [op.tag.label for op in on_gpu] == ["waits for the previous step"]
+
+
+def test_instances_resolve_reads_to_the_writer() -> None:
+    """In iteration 1 the step's first op waits for the instances that wrote every gradient
+    in iteration 1, not in iteration 0."""
+    sc = compile_generic(make_run_config("tiny", "tiny", "zero-offload", iterations=2, warmup_iterations=1))
+    ops = list(op_instances(sc))
+    by_id = {i.id: i for i in ops}
+    start = next(i for i in ops if i.iteration == 1 and i.op.tag.label == "gradients home")
+    writers = [by_id[a] for a in start.after]
+    assert writers and all(w.iteration == 1 and w.op.tag.activity is Activity.GRAD_ACCUMULATE for w in writers)
+    assert all(a < i.id for i in ops for a in i.after)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(("hardware", "workload"), [("tiny", "tiny"), ("rtx4090-pcie4-ws", "llama2-7b")])
+def test_every_shipped_schedule_is_well_formed(hardware: str, workload: str, strategy: str) -> None:
+    sc = compile_generic(make_run_config(hardware, workload, strategy))
+    check_acyclic(sc)
+    left = check_allocations(sc)
+    _only_persistent(sc, left)
+
+
+def _only_persistent(sc: Schedule, left: dict) -> None:  # type: ignore[type-arg]
+    """What stays held: the init block's state and the units of persistent caches."""
+    init = {(op.body.tier, op.body.tensor) for op in sc.blocks()[0].ops if isinstance(op.body, Alloc)}
+    persistent = {(c.tier, op.body.tensor) for c in sc.caches if c.persistent
+                  for p in c.fetch.values() for op in p.ops if isinstance(op.body, Alloc)}
+    assert set(left) <= init | persistent, sorted(map(str, set(left) - init - persistent))[:5]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(strategy=st.sampled_from(STRATEGIES), layers=st.integers(1, 4), accumulation=st.integers(1, 4),
+       iterations=st.integers(1, 4), checkpointing=st.booleans())
+def test_schedules_are_acyclic_and_free_what_they_hold(strategy: str, layers: int, accumulation: int,
+                                                        iterations: int, checkpointing: bool) -> None:
+    wl = load_workload("tiny")
+    wl = wl.model_copy(update={
+        "model": wl.model.model_copy(update={"layers": layers}),
+        "training": wl.training.model_copy(update={"grad_accumulation": accumulation,
+                                                   "activation_checkpointing": checkpointing})})
+    cfg = make_run_config("tiny", wl, strategy, iterations=iterations, warmup_iterations=iterations - 1)
+    sc = compile_generic(cfg)
+    check_acyclic(sc)
+    _only_persistent(sc, check_allocations(sc))
+    assert sum(1 for i in sc.instances() if i.block.name.startswith("micro-batch")) == iterations * accumulation
+    cache = sc.cache(CacheId.GPU_PARAMS)
+    if cache is not None:  # each layer is asked for twice per micro-batch, forward then backward
+        n = layers + 2
+        assert accesses(sc, CacheId.GPU_PARAMS, 0) == (list(range(n)) + list(reversed(range(n)))) * accumulation
+
+
+def test_schedule_json_lists_instances_with_dependencies() -> None:
+    result = CliRunner().invoke(app, ["schedule", "-H", "tiny", "-w", "tiny", "-s", "zero-infinity-nvme", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    ops = data["ops"]
+    assert [o["id"] for o in ops] == list(range(len(ops)))
+    assert all(a < o["id"] for o in ops for a in o["after"])
+    assert {"id", "kind", "layer", "micro_batch", "after"} <= set(ops[0])
+    flows = [o for o in ops if o["kind"] == "flow"]
+    assert flows and all(o["bytes"] > 0 and o["resources"] for o in flows)
+    kernels = [o for o in ops if o["kind"] == "delay" and o["activity"] == "forward" and o["layer"] == 1]
+    assert kernels and kernels[0]["flops"] > 0
+    assert {c["id"] for c in data["caches"]} == {"gpu_params"}
+    assert any(o["tier"] == Tier.NVME for o in ops if o["kind"] == "alloc")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_schedule_command_for_every_strategy(strategy: str) -> None:
+    result = CliRunner().invoke(app, ["schedule", "-H", "tiny", "-w", "tiny", "-s", strategy])
+    assert result.exit_code == 0, result.output
+    assert "micro-batch" in result.output and "x3" in result.output
+
+
+def test_schedule_command_bad_input_is_one_message() -> None:
+    result = CliRunner().invoke(app, ["schedule", "-H", "no-such-box", "-w", "tiny", "-s", "zero-offload"])
+    assert result.exit_code == 2
+    assert "no-such-box" in result.output and "Traceback" not in result.output
+
+
+def test_no_zero_byte_flows() -> None:
+    """A mechanism emits no zero-byte flow (SGD keeps no optimizer state: tba-bert-12k)."""
+    for strategy in STRATEGIES:
+        sc = compile_generic(make_run_config("tiny", "tiny", strategy))
+        progs = [p for c in sc.caches for p in (*c.fetch.values(), *c.evict.values())]
+        assert all(op.body.nbytes > 0 for b in [*sc.blocks(), *progs] for op in b.ops if isinstance(op.body, Flow)), \
+            strategy
