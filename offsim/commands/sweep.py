@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,15 +21,26 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from offsim.commands._common import (
+    DEFAULT_HARDWARE,
+    DEFAULT_STRATEGY,
+    DEFAULT_WORKLOAD,
+    EXIT_INTERRUPTED,
+    EXIT_NO,
+    EXIT_TERMINATED,
+    HardwareOpt,
+    JsonOpt,
+    QuietOpt,
+    StrategyOpt,
+    WorkloadOpt,
+    check_out_dir,
+    console,
+    err_console,
+    fail,
+    print_json,
+    say,
+)
 from offsim.errors import OffsimError
-
-console = Console()
-err_console = Console(stderr=True)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 class RateColumn(ProgressColumn):
@@ -74,7 +83,7 @@ def sweep(
         Path, typer.Option("--out", "-o", help="output folder (results store, tables, figures)")
     ] = Path("results"),
     workers: Annotated[
-        int | None, typer.Option(help="local worker processes (default: all cores; 1: in-process)")
+        int | None, typer.Option(min=1, help="local worker processes (default: all cores; 1: in-process)")
     ] = None,
     scheduler: Annotated[
         str | None, typer.Option(help="address of a running Dask scheduler, e.g. tcp://host:8786")
@@ -84,61 +93,90 @@ def sweep(
     ] = True,
     yes: Annotated[bool, typer.Option("--yes", help="allow more than 1,000,000 points")] = False,
     max_points: Annotated[
-        int | None, typer.Option(help="evaluate at most this many new points, then stop")
+        int | None, typer.Option(min=1, help="evaluate at most this many new points, then stop")
     ] = None,
     fresh: Annotated[bool, typer.Option(help="discard results already in --out")] = False,
     figures: Annotated[bool, typer.Option(help="write plotly HTML figures to OUT/figures")] = True,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Run a grid of what-if points (hardware, workload, strategy); resumable, local or on Dask."""
-    from offsim.sweep.execute import run_sweep, write_tables
-    from offsim.sweep.figures import write_figures
     from offsim.sweep.spec import load_spec
 
+    check_out_dir(out)
     try:
         plan = load_spec(spec, yes=yes)
-        cols = [
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            RateColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-        ]
-        with Progress(*cols, console=err_console, disable=quiet, transient=False) as progress:
-            outcome = run_sweep(
-                plan,
-                out,
-                workers=workers,
-                scheduler=scheduler,
-                prefilter=prefilter,
-                max_points=max_points,
-                fresh=fresh,
-                progress=_Bar(progress, plan.name),
-            )
+        outcome = _run_with_bar(plan, out, quiet or as_json, workers=workers, scheduler=scheduler,
+                                prefilter=prefilter, max_points=max_points, fresh=fresh)
     except OffsimError as exc:
-        _fail(str(exc))
-        return
+        fail(str(exc))
+    files = _write_outputs(outcome, plan, out, figures)
+    if as_json:
+        print_json(_outcome_doc(outcome, files))
+    else:
+        _print_outcome(outcome, files, quiet)
+    _sweep_exit(outcome)
+
+
+def _run_with_bar(plan: Any, out: Path, quiet: bool, **options: Any) -> Any:
+    """:func:`~offsim.sweep.execute.run_sweep` with a progress bar on stderr (unless ``quiet``)."""
+    from offsim.sweep.execute import run_sweep
+
+    cols = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        RateColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    ]
+    with Progress(*cols, console=err_console, disable=quiet, transient=False) as progress:
+        return run_sweep(plan, out, progress=_Bar(progress, escape(plan.name)), **options)
+
+
+def _write_outputs(outcome: Any, plan: Any, out: Path, figures: bool) -> list[Path]:
+    """The tables, and the figures once every point is stored."""
+    from offsim.sweep.execute import write_tables
+    from offsim.sweep.figures import write_figures
+
     files = write_tables(outcome.frame, out)
     if figures and outcome.complete:
         files += write_figures(outcome.frame, plan.axis_keys, out / "figures")
+    return files
+
+
+def _outcome_doc(outcome: Any, files: list[Path]) -> dict[str, Any]:
+    """The ``--json`` summary of a sweep."""
+    counts = outcome.frame["status"].value_counts().to_dict() if not outcome.frame.empty else {}
+    return {"out": str(outcome.out), "total": outcome.total, "stored": len(outcome.frame),
+            "new": outcome.new, "reused": outcome.reused, "complete": outcome.complete,
+            "interrupted": outcome.interrupted, "signal": outcome.signal_name,
+            "failed_chunks": outcome.failed_chunks, "points_per_s": outcome.points_per_s,
+            "status": {str(k): int(v) for k, v in counts.items()}, "files": [str(f) for f in files]}
+
+
+def _print_outcome(outcome: Any, files: list[Path], quiet: bool) -> None:
+    """The human summary: points by status, speed, files written."""
     if not quiet:
         console.print(_status_table(outcome.frame))
-    console.print(
-        f"{outcome.new} points evaluated ({outcome.points_per_s:,.1f} points/s), {outcome.reused} reused; "
-        f"{len(outcome.frame)} of {outcome.total} in {out}",
-        highlight=False,
-    )
+    say(f"{outcome.new} points evaluated ({outcome.points_per_s:,.1f} points/s), {outcome.reused} reused; "
+        f"{len(outcome.frame)} of {outcome.total} in {outcome.out}")
     for f in files:
-        console.print(f"  wrote {f}", highlight=False)
+        say(f"  wrote {f}")
+
+
+def _sweep_exit(outcome: Any) -> None:
+    """Exit 143 on SIGTERM, 130 on Ctrl-C (saying how to resume), 1 when chunks were lost."""
+    resume = "finished points are saved; run the same command again to resume"
     if outcome.interrupted:
-        err_console.print("interrupted: finished points are saved; run the same command again to resume")
-        raise typer.Exit(130)
+        code = EXIT_TERMINATED if outcome.signal_name == "SIGTERM" else EXIT_INTERRUPTED
+        say(f"{'stopped by SIGTERM' if code == EXIT_TERMINATED else 'interrupted'}: {resume}", stderr=True)
+        raise typer.Exit(code)
     if outcome.failed_chunks:
-        _fail(f"{outcome.failed_chunks} chunks were lost to worker failures; run again to retry them", 1)
+        fail(f"{outcome.failed_chunks} chunks were lost to worker failures; run again to retry them", EXIT_NO)
     if not outcome.complete:
-        console.print("stopped before the end (--max-points); run the same command again to continue")
+        say("stopped before the end (--max-points); run the same command again to continue")
 
 
 # ----------------------------------------------------------------------------- size
@@ -266,11 +304,9 @@ def size_command(
     vary: Annotated[
         str, typer.Option(help="comma-separated dimensions to search, e.g. dram_gib,nvme_drives,pcie_gen")
     ],
-    hardware: Annotated[
-        str, typer.Option("--hardware", "-H", help="base hardware profile")
-    ] = "rtx4090-pcie4-ws",
-    workload: Annotated[str, typer.Option("--workload", "-w", help="workload name or path")] = "llama2-7b",
-    strategy: Annotated[str, typer.Option("--strategy", "-s", help="strategy name or path")] = "zero-offload",
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    workload: WorkloadOpt = DEFAULT_WORKLOAD,
+    strategy: StrategyOpt = DEFAULT_STRATEGY,
     target_iteration_s: Annotated[
         float | None, typer.Option(help="largest acceptable iteration time, s")
     ] = None,
@@ -287,54 +323,51 @@ def size_command(
     prefilter: Annotated[
         bool, typer.Option(help="settle points by the closed-form bound when possible")
     ] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Find the cheapest (or smallest) machine meeting a target, by a monotone search."""
     from offsim.sweep.evaluate import Goal
     from offsim.sweep.sizing import size
 
     if objective not in ("auto", "cost", "size"):
-        _fail(f"--objective must be auto, cost or size, not {objective!r}")
+        fail(f"--objective must be auto, cost or size, not {objective!r}")
     try:
         goal = Goal(target_iteration_s, target_tokens_per_s)
         dims = [d.strip() for d in vary.split(",") if d.strip()]
-        result = size(
-            hardware,
-            workload,
-            strategy,
-            dims,
-            goal,
-            values=_parse_assignments(values or [], "--values", many=True),
-            fixed=_parse_assignments(set_ or [], "--set", many=False),
-            objective=objective,
-            prefilter=prefilter,
-        )
+        result = size(hardware, workload, strategy, dims, goal,
+                      values=_parse_assignments(values or [], "--values", many=True),
+                      fixed=_parse_assignments(set_ or [], "--set", many=False),
+                      objective=objective, prefilter=prefilter)
     except OffsimError as exc:
-        _fail(str(exc))
-        return
+        fail(str(exc))
     if as_json:
-
-        def pack(c: Any) -> Any:
-            return None if c is None else {"overrides": c.overrides, "objective": c.objective, "row": c.row}
-
-        doc = {
-            "objective": result.objective,
-            "answer": pack(result.answer),
-            "runner_up": pack(result.runner_up),
-            "largest": pack(result.largest),
-            "steps_down": {k: pack(c) for k, c in result.steps_down.items()},
-            "evaluated": len(result.evaluated),
-            "grid_points": result.grid_points,
-            "why": _why(result),
-        }
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        print_json(_size_doc(result))
     else:
         if result.answer is not None:
             console.print(_size_table(result))
-        for line in _why(result):
-            console.print(f"- {line}", highlight=False)
+        for line in _why(result) if not quiet or result.answer is None else _why(result)[:1]:
+            say(f"- {line}")
     if result.answer is None:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_NO)
+
+
+def _size_doc(result: Any) -> dict[str, Any]:
+    """The ``--json`` answer of ``offsim size``."""
+
+    def pack(c: Any) -> Any:
+        return None if c is None else {"overrides": c.overrides, "objective": c.objective, "row": c.row}
+
+    return {
+        "objective": result.objective,
+        "answer": pack(result.answer),
+        "runner_up": pack(result.runner_up),
+        "largest": pack(result.largest),
+        "steps_down": {k: pack(c) for k, c in result.steps_down.items()},
+        "evaluated": len(result.evaluated),
+        "grid_points": result.grid_points,
+        "why": _why(result),
+    }
 
 
 def register(app: typer.Typer) -> None:

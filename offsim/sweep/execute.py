@@ -12,25 +12,31 @@
   of workers, so an interrupted and resumed sweep makes the same decisions as an uninterrupted
   one.
 * **Resuming.** Points already in the store are skipped (:mod:`offsim.sweep.store`).
+* **Stopping.** Ctrl-C and SIGTERM (a batch scheduler's or a container's stop) stop the sweep the
+  same way: chunks in flight are dropped, everything stored stays stored, and a rerun resumes.
+* **One writer.** A sweep holds the store's lock while it runs; a second sweep on the same folder
+  is refused with a message instead of computing the same points again.
 """
 
 from __future__ import annotations
 
 import abc
-
 import math
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from offsim.errors import ConfigError
 from offsim.sweep.evaluate import Payload, point_usd_per_hour, run_chunk
 from offsim.sweep.prefilter import Frontier
 from offsim.sweep.spec import Point, SweepPlan
@@ -40,6 +46,10 @@ from offsim.sweep.store import ResultStore, rows_to_frame
 WAVE_POINTS = 256
 #: Most points sent to a worker at once.
 MAX_CHUNK = 16
+#: Seconds to wait for a Dask scheduler before giving up with a message.
+DASK_CONNECT_TIMEOUT_S = 5.0
+#: Times Dask reruns a chunk whose task raised (a lost worker is rescheduled by Dask itself).
+DASK_RETRIES = 2
 
 Items = list[tuple[int, str, dict[str, Any]]]
 
@@ -55,7 +65,8 @@ class SweepOutcome:
         new: points evaluated by this call.
         reused: points found in the store.
         complete: every point is stored.
-        interrupted: stopped by Ctrl-C.
+        interrupted: stopped by Ctrl-C or SIGTERM.
+        signal_name: ``SIGINT`` or ``SIGTERM`` when interrupted.
         failed_chunks: chunks lost to a worker failure (not stored: a rerun retries them).
         elapsed_s: wall time of this call.
         files: files written (tables, figures).
@@ -68,6 +79,7 @@ class SweepOutcome:
     reused: int = 0
     complete: bool = False
     interrupted: bool = False
+    signal_name: str | None = None
     failed_chunks: int = 0
     elapsed_s: float = 0.0
     files: list[Path] = field(default_factory=list)
@@ -90,6 +102,7 @@ def _init_worker(payload: Payload, parent_pid: int) -> None:
     """
     global _WORKER_PAYLOAD  # the pool's way to share one payload per process
     _WORKER_PAYLOAD = payload
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
 
     def watch() -> None:
         while True:
@@ -116,7 +129,7 @@ class Backend(abc.ABC):
     def run(self, chunks: list[Items], frontier: Frontier | None) -> Iterator[tuple[Items, Any]]:
         """Evaluate ``chunks``; yield each with its rows (or the exception that lost it)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing
         """Release processes or connections."""
 
 
@@ -176,7 +189,7 @@ class DaskBackend(Backend):
         from distributed import Client
 
         self.own = not isinstance(address, Client)
-        self.client = Client(address) if self.own else address
+        self.client = _connect(address) if self.own else address
         self.workers = max(
             1, sum(w.get("nthreads", 1) for w in self.client.scheduler_info()["workers"].values())
         )
@@ -186,7 +199,9 @@ class DaskBackend(Backend):
         from distributed import as_completed
 
         futures = {
-            self.client.submit(run_chunk, self.payload, items, frontier, pure=False): items
+            self.client.submit(
+                run_chunk, self.payload, items, frontier, pure=False, retries=DASK_RETRIES
+            ): items
             for items in chunks
         }
         try:
@@ -203,6 +218,20 @@ class DaskBackend(Backend):
     def close(self) -> None:
         if self.own:
             self.client.close()
+
+
+def _connect(address: str) -> Any:
+    """A ``distributed.Client`` for ``address``; failing within seconds, naming the address."""
+    from distributed import Client
+
+    try:
+        return Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+    except Exception as exc:  # OSError, TimeoutError, ValueError for a malformed address, ...
+        raise ConfigError(
+            f"--scheduler {address}: cannot reach a Dask scheduler there within "
+            f"{DASK_CONNECT_TIMEOUT_S:g} s ({type(exc).__name__}: {exc}); check that 'dask scheduler' "
+            "is running, the address and port (tcp://HOST:8786), and that no firewall is in the way"
+        ) from None
 
 
 def make_backend(payload: Payload, workers: int | None = None, scheduler: Any = None) -> Backend:
@@ -247,6 +276,85 @@ def store_meta(plan: SweepPlan, prefilter: bool) -> dict[str, str]:
     }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would raise :class:`KeyboardInterrupt`."""
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM interrupts like Ctrl-C (:class:`Terminated`); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@dataclass
+class _Progress:
+    """What one call has stored so far, and how much more it may evaluate."""
+
+    plan: SweepPlan
+    store: ResultStore
+    outcome: SweepOutcome
+    done: set[str]
+    budget: float
+    known: dict[str, dict[str, Any]] | None  # what dominance tests need, when there are waves
+    report: Callable[[int, int], None] | None
+
+    KEEP = ("point_id", "status", "usd_per_hour", "tokens_per_s", "workload_id")
+
+    def record(self, rows: list[dict[str, Any]]) -> None:
+        """Store a finished chunk (committed at once) and count it."""
+        self.store.write(rows)
+        if self.known is not None:
+            self.known.update((r["point_id"], {k: r.get(k) for k in self.KEEP}) for r in rows)
+        self.done.update(r["point_id"] for r in rows)
+        self.outcome.new += len(rows)
+        self.budget -= len(rows)
+        self.tell()
+
+    def tell(self) -> None:
+        """Report ``(points stored, total)``."""
+        if self.report:
+            self.report(len(self.done), len(self.plan.points))
+
+
+def _run_wave(state: _Progress, backend: Backend, wave: list[Point], seen: list[Point], waves: int) -> None:
+    """Evaluate the points of ``wave`` not yet stored, within the budget; store each chunk."""
+    todo = [p for p in wave if p.point_id not in state.done]
+    if not todo or state.budget <= 0:
+        return
+    todo = todo[: int(min(state.budget, len(todo)))]
+    frontier = None
+    if waves > 1:  # dominance by the points of earlier waves only
+        known = state.known or {}
+        frontier = Frontier.from_rows(known[p.point_id] for p in seen if p.point_id in known)
+    for _items, rows in backend.run(_chunks(todo, backend.workers), frontier):
+        if isinstance(rows, BaseException):
+            state.outcome.failed_chunks += 1
+            continue
+        state.record(rows)
+
+
+def _evaluate(state: _Progress, backend: Backend | None, waves: list[list[Point]]) -> None:
+    """Run the waves in order; stop after a wave that lost chunks (later waves depend on it)."""
+    seen: list[Point] = []
+    for wave in waves:
+        if backend is not None:
+            _run_wave(state, backend, wave, seen, len(waves))
+        if state.outcome.failed_chunks and len(waves) > 1:
+            break  # later waves' dominance tests need this wave complete: a rerun resumes here
+        seen.extend(wave)
+
+
 def run_sweep(
     plan: SweepPlan,
     out: str | Path,
@@ -260,6 +368,9 @@ def run_sweep(
 ) -> SweepOutcome:
     """Evaluate every point of ``plan`` not yet stored in ``out``; return the full table.
 
+    Ctrl-C and SIGTERM stop it with what is stored kept (``outcome.interrupted``); a second
+    sweep on the same ``out`` while this one runs is refused (:class:`ConfigError`).
+
     Args:
         workers: local processes (default: the machine's cores; 1 runs in this process).
         scheduler: a Dask scheduler address (``tcp://host:8786``) or a ``distributed.Client``.
@@ -269,51 +380,27 @@ def run_sweep(
         progress: called with ``(points stored, total)`` after each chunk.
     """
     t0 = time.perf_counter()
-    out = Path(out)
-    outcome = SweepOutcome(pd.DataFrame(), out, len(plan.points))
-    with ResultStore(out) as store:
+    outcome = SweepOutcome(pd.DataFrame(), Path(out), len(plan.points))
+    with ResultStore(out) as store, store.exclusive(), stop_on_sigterm():
         store.claim(store_meta(plan, prefilter), fresh=fresh)
         ids = {p.point_id for p in plan.points}
         done = store.done_ids() & ids
         outcome.reused = len(done)
-        if progress:
-            progress(len(done), len(plan.points))
-        budget = math.inf if max_points is None else max_points
-        payload = Payload.from_plan(plan, prefilter)
         waves = plan_waves(plan, prefilter)
-        backend = make_backend(payload, workers, scheduler) if len(done) < len(ids) and budget > 0 else None
-        keep = ("point_id", "status", "usd_per_hour", "tokens_per_s", "workload_id")
-        known = (
-            {r["point_id"]: {k: r.get(k) for k in keep} for r in store.rows(done)} if len(waves) > 1 else {}
-        )
+        known = None
+        if len(waves) > 1:
+            known = {r["point_id"]: {k: r.get(k) for k in _Progress.KEEP} for r in store.rows(done)}
+        state = _Progress(plan, store, outcome, done, math.inf if max_points is None else max_points,
+                          known, progress)
+        state.tell()
+        backend = None
         try:
-            seen: list[Point] = []
-            for wave in waves:
-                todo = [p for p in wave if p.point_id not in done]
-                if todo and budget > 0 and backend is not None:
-                    todo = todo[: int(min(budget, len(todo)))]
-                    frontier = (
-                        Frontier.from_rows(known[p.point_id] for p in seen if p.point_id in known)
-                        if len(waves) > 1
-                        else None
-                    )
-                    for _items, rows in backend.run(_chunks(todo, backend.workers), frontier):
-                        if isinstance(rows, BaseException):
-                            outcome.failed_chunks += 1
-                            continue
-                        store.write(rows)
-                        if len(waves) > 1:
-                            known.update((r["point_id"], {k: r.get(k) for k in keep}) for r in rows)
-                        done.update(r["point_id"] for r in rows)
-                        outcome.new += len(rows)
-                        budget -= len(rows)
-                        if progress:
-                            progress(len(done), len(plan.points))
-                if outcome.failed_chunks and len(waves) > 1:
-                    break  # later waves' dominance tests need this wave complete: a rerun resumes here
-                seen.extend(wave)
-        except KeyboardInterrupt:
+            if len(done) < len(ids) and state.budget > 0:
+                backend = make_backend(Payload.from_plan(plan, prefilter), workers, scheduler)
+            _evaluate(state, backend, waves)
+        except KeyboardInterrupt as exc:
             outcome.interrupted = True
+            outcome.signal_name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
         finally:
             if backend is not None:
                 backend.close()

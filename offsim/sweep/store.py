@@ -9,14 +9,21 @@ The store remembers the sweep's *fingerprint* (a hash of the base configuration,
 assumptions and the offsim version) and whether the pre-filter was on; resuming with a different
 one is refused rather than mixing incompatible rows. Run-to-run timings (``wall_s``) are kept
 in their own column, outside the result table.
+
+One sweep writes a store at a time: :meth:`ResultStore.exclusive` takes an OS file lock
+(``results.lock``, released by the kernel even when the process is killed), and a second sweep on
+the same folder is refused with a message naming the one that holds it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,7 @@ import pandas as pd
 from offsim.errors import ConfigError
 
 STORE_NAME = "results.sqlite"
+LOCK_NAME = "results.lock"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,6 +71,34 @@ class ResultStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the store's lock for the block; refuse when another sweep holds it.
+
+        Where the OS has no ``fcntl`` (Windows) the block runs unlocked.
+        """
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on POSIX
+            yield
+            return
+        lock_path = self.folder / LOCK_NAME
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                raise ConfigError(
+                    f"{self.folder}: another sweep is writing this results store ({holder}); wait for "
+                    "it to finish (then rerun to pick up what it did) or choose another --out folder"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     # ------------------------------------------------------------------ meta
     def meta(self) -> dict[str, str]:
@@ -109,12 +145,12 @@ class ResultStore:
                     r["point_id"],
                     r["point_index"],
                     r["status"],
-                    json.dumps(r, default=_json_default, allow_nan=True),
+                    json.dumps(r, default=_json_default, allow_nan=True),  # read back by Python only
                     wall,
                 )
             )
-        self.db.executemany("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?, ?)", data)
-        self.db.commit()
+        with self.db:  # one transaction: a chunk is stored whole or not at all
+            self.db.executemany("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?, ?)", data)
 
     def done_ids(self) -> set[str]:
         """Ids of the stored points."""
