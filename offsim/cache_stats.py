@@ -5,14 +5,23 @@ the GPU parameter buffer's stall, from the GPU's "waits for params" spans. OPT i
 :func:`offsim.policies.opt.optimal_plan` run on the same access sequence within the same
 budget: the cache's capacity, or, for an unbounded cache, the most it ever held in the run
 (OPT with the memory the policy actually used). Regret is what the policy fetched beyond it.
+
+:func:`cache_bound` bounds, for ``offsim compare``, the bytes any policy must move in a cache
+from below and the best schedule found from above (:mod:`offsim.policies.bounds`: the
+min-cost-flow bound for tensors of several sizes); unlike OPT above, it is a bound whatever the
+sizes. It is not part of :class:`CacheStats` (the run metrics are unchanged).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 from pydantic import BaseModel
 
+from offsim.policies.bounds import BoundMethod, CacheBound, Problem, bound, build_problem, kept_intervals
 from offsim.policies.opt import optimal_plan
 from offsim.trace import CacheEvent, Recorder
 
@@ -116,3 +125,80 @@ def cache_stats(rec: Recorder, steady: list[int]) -> dict[str, CacheStats]:
     if not steady:
         return {}
     return {name: _one_cache(rec, name, info, steady) for name, info in rec.cache_info.items()}
+
+
+# ---------------------------------------------------------------- bounds (offsim.policies.bounds)
+def access_sequence(rec: Recorder, cache: str,
+                    iterations: Iterable[int]) -> tuple[list[int], dict[int, float]]:
+    """The tensors ``cache`` was asked for in ``iterations`` (in the engine's order), and their
+    bytes: the same sequence the engine's cache served, read from its hit and miss events."""
+    wanted = set(iterations)
+    accesses = [e for e in rec.cache_events if e.cache == cache and e.kind in ("hit", "miss")
+                and e.iteration in wanted]
+    return [e.tensor for e in accesses], {e.tensor: e.bytes for e in accesses}
+
+
+def _replays(problem: Problem, sequence: list[int], sizes: dict[int, float],
+             capacity_bytes: float) -> list[list[int]]:
+    """Schedules of Belady's rule and Belady-Size on the bare sequence (fetch on demand), as kept
+    intervals: candidates for the upper bound."""
+    from offsim.engine.cache import Cache
+    from offsim.policies.belady import Belady
+    from offsim.policies.belady_size import BeladySize
+
+    out = []
+    for policy in (Belady(), BeladySize()):
+        cache = Cache("bound", policy, sequence, sizes, capacity_bytes)
+        hits = []
+        for k in range(len(sequence)):
+            hits.append(cache.serve(k).hit)
+            cache.done(k)
+        out.append(kept_intervals(problem, hits, cache.resident))
+    return out
+
+
+Pairs = tuple[tuple[int, float], ...]  # a mapping, hashable (for the cache of bounds)
+
+
+@lru_cache(maxsize=256)
+def _bound(sequence: tuple[int, ...], sizes: Pairs, capacity_bytes: float, read: Pairs, write: Pairs,
+           warm_start: bool) -> CacheBound:
+    """One window's bounds (memoised: every policy of a comparison sees the same sequence)."""
+    seq, size = list(sequence), dict(sizes)
+    problem = build_problem(seq, size, capacity_bytes, dict(read), dict(write), warm_start)
+    return bound(problem, _replays(problem, seq, size, capacity_bytes))
+
+
+def _items(mapping: Mapping[int, float]) -> Pairs:
+    return tuple(sorted(mapping.items()))
+
+
+def cache_bound(rec: Recorder, cache: str, steady: list[int],
+                read_bytes_per_byte: Mapping[int, float] | None = None) -> CacheBound:
+    """Lower and upper bound on the bytes ``cache`` moves per steady iteration, any policy.
+
+    A cache emptied every iteration (the GPU parameter buffer) is bounded iteration by
+    iteration from empty; a cache that persists (the DRAM cache over optimizer state, a
+    write-back cache) over the window of steady iterations, its first contents free and its
+    dirty tensors written back (:func:`offsim.policies.bounds.build_problem`). The budget is the
+    cache's capacity (unbounded: ``inf``; no DRAM cache: 0, every sub-group read and written).
+
+    Args:
+        read_bytes_per_byte: per tensor, bytes a miss moves over all links per byte of the tensor
+            (default 1: the cache's own bytes).
+    """
+    info = rec.cache_info[cache]
+    capacity = math.inf if info["capacity_bytes"] is None else float(info["capacity_bytes"])
+    windows = [steady] if info["persistent"] else [[it] for it in steady]
+    parts = []
+    for window in windows:
+        sequence, sizes = access_sequence(rec, cache, window)
+        factor = read_bytes_per_byte or {}
+        read = {t: s * factor.get(t, 1.0) for t, s in sizes.items()}
+        write = sizes if info["writeback_links"] else dict.fromkeys(sizes, 0.0)
+        parts.append(_bound(tuple(sequence), _items(sizes), capacity, _items(read), _items(write),
+                            bool(info["persistent"])))
+    n = len(steady)
+    method = parts[0].method if all(p.method == parts[0].method for p in parts) else BoundMethod.AVERAGE
+    return CacheBound(sum(p.lower_bytes for p in parts) / n, sum(p.upper_bytes for p in parts) / n, method,
+                      sum(p.solve_s for p in parts))

@@ -95,8 +95,9 @@ def instances(draw, max_tensors: int = 4, max_len: int = 9, equal: bool = False)
     n = draw(hs.integers(1, max_tensors))
     seq = draw(hs.lists(hs.integers(0, n - 1), min_size=1, max_size=max_len))
     if equal:
-        sizes = dict.fromkeys(range(n), 1.0)
-        capacity = float(draw(hs.integers(1, n)))
+        size = draw(hs.sampled_from([1.0, 2.0, 3.0]))
+        sizes = dict.fromkeys(range(n), size)
+        capacity = float(draw(hs.integers(int(size), int(size) * n + 2)))
     else:
         sizes = {t: float(draw(hs.integers(1, 6))) for t in range(n)}
         capacity = float(draw(hs.integers(1, 12)))
@@ -149,16 +150,28 @@ def test_sizes_make_belady_lose_and_the_bound_holds() -> None:
 
 
 def test_a_fractional_flow_is_a_strict_lower_bound() -> None:
-    """Three tensors of 2 bytes, 0 1 2 0 1 2, budget 5: at each access 3 bytes of room are left
-    for what is kept across it, one tensor and a half. Intervals: 0 covers accesses 1-2, 1 covers
-    2-3, 2 covers 3-4. Keeping 0 and 2 whole fits (one kept interval per access) and costs the 6
-    first fetches plus 1 again: 8, the optimum. The flow keeps 0 and 2 and half of 1: 7. The gap
-    (1 byte) is reported, not hidden. With budget 3 (room 1) nothing can be kept: 12."""
+    """2 1 0 1 2 0 with sizes 3, 2, 2 (tensors 2, 1, 0) and a budget of 5. Room at each access
+    (budget less the tensor used there): 2 3 3 3 2 3. Intervals: tensor 2 across accesses 1-3
+    (3 bytes), tensor 1 across access 2, tensor 0 across accesses 3-4 (2 bytes each). At access
+    2 (and 3) only 3 bytes are free, so tensor 2's interval excludes the other two. First
+    fetches: 7. Best schedule: keep tensors 1 and 0, re-fetch 2: 10. The flow keeps 1 and 0 and
+    a third of 2's interval: 7 + 7 - 5 = 9. The gap (1 byte) is reported, not hidden."""
+    seq, sizes = [2, 1, 0, 1, 2, 0], {0: 2.0, 1: 2.0, 2: 3.0}
+    b = bound(build_problem(seq, sizes, 5.0))
+    assert b.lower_bytes == pytest.approx(9.0)
+    assert b.upper_bytes == brute_force(seq, sizes, 5.0) == 10.0
+    assert not b.exact and b.gap_bytes == pytest.approx(1.0)
+
+
+def test_whole_rooms_make_one_size_exact() -> None:
+    """Three tensors of 2 bytes, 0 1 2 0 1 2, budget 5: 3 bytes of room at each access hold one
+    tensor, not one and a half. Rounding the room to whole tensors, the flow keeps 0 and 2
+    (one interval across each access): 6 first fetches + 2 = 8, exact. Budget 3: nothing fits
+    beside the tensor in use: 12."""
     seq, sizes = [0, 1, 2, 0, 1, 2], dict.fromkeys(range(3), 2.0)
     b = bound(build_problem(seq, sizes, 5.0))
-    assert b.lower_bytes == pytest.approx(7.0)
-    assert b.upper_bytes == brute_force(seq, sizes, 5.0) == 8.0
-    assert not b.exact and b.gap_bytes == pytest.approx(1.0)
+    assert b.lower_bytes == pytest.approx(8.0) and b.exact
+    assert brute_force(seq, sizes, 5.0) == 8.0
     tight = bound(build_problem(seq, sizes, 3.0))
     assert tight.lower_bytes == tight.upper_bytes == 12.0 and tight.exact
 
@@ -200,7 +213,7 @@ def test_bound_brackets_brute_force_and_is_exact_when_it_says_so(inst) -> None:
 @SETTINGS
 @given(inst=instances(equal=True))
 def test_equal_sizes_the_bound_is_the_optimum(inst) -> None:
-    """Equal sizes and a whole number of tensors of room: the flow is integral (the interval
+    """Equal sizes: with the rooms rounded to whole tensors the flow is integral (the interval
     matrix is totally unimodular), so the bound is exact and equals Belady's rule."""
     seq, sizes, capacity = inst
     b = bound(build_problem(seq, sizes, capacity))

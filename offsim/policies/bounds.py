@@ -19,6 +19,8 @@ cache offsim's engine runs:
   plus, at most, the tensor used at ``k``).
 * An interval larger than the room at some point it covers can never be kept; it is charged
   up front (a valid cut that keeps the flow from keeping a fraction of it).
+* Each room is lowered to the largest total of whole intervals across its point that fits
+  (another valid cut; with one tensor size it rounds the room to a whole number of tensors).
 * Letting a fraction ``x_i`` of each interval be kept gives a linear program whose constraint
   matrix has consecutive ones in every column (an interval covers consecutive points): it is a
   min-cost flow. Nodes ``0..K``; arc ``k -> k+1`` (capacity ``room_k``, cost 0) carries the kept
@@ -185,7 +187,48 @@ def build_problem(sequence: Sequence[int], sizes: Mapping[int, float], capacity_
         if fits(sizes[t], capacity_bytes) and write[t] > 0:
             intervals.append(Interval(t, k + 1, len(sequence) - 1, sizes[t], write[t]))
     # an interval covering no point (two accesses in a row) is kept for free
-    return _without_oversized(tuple(iv for iv in intervals if iv.points > 0), tuple(room), fixed)
+    problem = Problem(tuple(iv for iv in intervals if iv.points > 0), tuple(room), fixed)
+    for _ in range(2):  # fixing oversized intervals may let the rooms shrink further
+        problem = _without_oversized(*_with_whole_rooms(problem))
+    return problem
+
+
+#: Most partial sums :func:`_largest_sum` tracks at one point before it leaves the room as it is.
+MAX_SUMS = 4096
+
+
+def _largest_sum(room: float, multiset: tuple[tuple[float, int], ...]) -> float:
+    """The largest sum of sizes from ``multiset`` ((size, count) pairs) that fits ``room``; the
+    room itself when the sums are too many to enumerate."""
+    limit = room * (1 + SLACK) + SLACK
+    sums = {0.0}
+    for size, count in multiset:
+        sums = {a + m * size for a in sums for m in range(count + 1) if a + m * size <= limit}
+        if len(sums) > MAX_SUMS:
+            return room
+    return min(room, max(sums))
+
+
+def _with_whole_rooms(problem: Problem) -> tuple[tuple[Interval, ...], tuple[float, ...], float]:
+    """Each room lowered to the largest total of whole intervals across that point that fits in
+    it (a valid cut: a schedule keeps intervals whole; with one size it rounds the room down to a
+    whole number of tensors, which makes the flow integral)."""
+    n = len(problem.room_bytes)
+    sizes = sorted({iv.size_bytes for iv in problem.intervals})
+    counts = np.zeros((len(sizes), n + 1), dtype=np.int64)
+    index = {s: d for d, s in enumerate(sizes)}
+    for iv in problem.intervals:
+        counts[index[iv.size_bytes], iv.first] += 1
+        counts[index[iv.size_bytes], iv.last + 1] -= 1
+    across = np.cumsum(counts, axis=1)[:, :n]
+    memo: dict[tuple[float, tuple[tuple[float, int], ...]], float] = {}
+    rooms = []
+    for k, room in enumerate(problem.room_bytes):
+        key = (room, tuple((s, int(across[d, k])) for d, s in enumerate(sizes) if across[d, k] > 0))
+        if key not in memo:
+            memo[key] = _largest_sum(*key) if math.isfinite(room) else room
+        rooms.append(memo[key])
+    return problem.intervals, tuple(rooms), problem.fixed_bytes
 
 
 def _without_oversized(intervals: tuple[Interval, ...], room: tuple[float, ...], fixed: float) -> Problem:
@@ -244,7 +287,8 @@ def flow_lower_bound(problem: Problem) -> tuple[float, np.ndarray]:
 
 def round_schedule(problem: Problem, preference: Sequence[float]) -> list[int]:
     """A feasible schedule (kept intervals): intervals in decreasing ``preference`` (the flow's
-    kept fraction, then bytes saved), each kept if it fits at every point it covers."""
+    kept fraction, or bytes saved per byte-point of room), then bytes saved, each kept if it fits
+    at every point it covers."""
     load = np.zeros(len(problem.room_bytes))
     room = np.array(problem.room_bytes) * (1 + SLACK) + SLACK
     order = sorted(range(len(problem.intervals)),
@@ -295,6 +339,8 @@ def bound(problem: Problem, schedules: Iterable[Iterable[int]] = (),
     if len(problem.intervals) <= max_flow_intervals:
         lower, kept = flow_lower_bound(problem)
         candidates.append(round_schedule(problem, list(kept)))
+        candidates.append(round_schedule(problem, [iv.drop_bytes / (iv.size_bytes * iv.points)
+                                                   for iv in problem.intervals]))
         method = BoundMethod.FLOW
     else:
         lower, method = average_lower_bound(problem), BoundMethod.AVERAGE
