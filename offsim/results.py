@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from offsim.core._version import __version__
 from offsim.config.run import RunConfig
+from offsim.core._version import __version__
 from offsim.metrics import RunMetrics
 from offsim.trace import Recorder
 

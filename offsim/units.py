@@ -1,5 +1,5 @@
 """Re-export of :mod:`offsim.core.units` (where the unit constants live)."""
 
-from offsim.core.units import GB, MB, MS, TB, TFLOPS, US, GiB, KiB, KB, MiB, TiB
+from offsim.core.units import GB, KB, MB, MS, TB, TFLOPS, US, GiB, KiB, MiB, TiB
 
 __all__ = ["GB", "KB", "MB", "MS", "TB", "TFLOPS", "US", "GiB", "KiB", "MiB", "TiB"]

@@ -85,7 +85,7 @@ def gpu_link_bytes_per_s(cfg: RunConfig) -> float:
     return rate
 
 
-def duplex_rule(efficiency: float):  # noqa: ANN201 - returns a capacity rule for FlowNetwork
+def duplex_rule(efficiency: float):
     """Capacity rule: both PCIe directions busy keeps ``efficiency`` of each one's rate."""
 
     def rule(busy: set[str], capacity: dict[str, float]) -> dict[str, float]:

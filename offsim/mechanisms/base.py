@@ -17,7 +17,6 @@ from typing import Protocol
 from offsim.core.enums import Activity, MechanismId, Phase
 from offsim.schedule.ops import Block, Body, CacheSpec, Flow, Op, PoolSpec, StreamSpec, Tag, TensorRef
 
-
 #: storage I/O striped over paths that run at once: each flow with the pool slot it holds (or None)
 StorageIO = tuple[tuple[Flow, str | None], ...]
 
@@ -94,7 +93,7 @@ class BlockBuilder:
 def parallel(b: BlockBuilder, flows: StorageIO, t: Tag, after: Sequence[int], stream: str | None = None) -> int:
     """Flows that run at once after ``after`` (each with the pool slot it holds, if any: the
     per-path I/O concurrency cap); returns the id of the join that ends when all have."""
-    from offsim.schedule.ops import Acquire, Join, Release  # noqa: PLC0415 - small helper, no cycle
+    from offsim.schedule.ops import Acquire, Join, Release
 
     ends = []
     for flow, pool in flows:

@@ -36,6 +36,7 @@ from offsim.schedule.ops import (
     Join,
     Ready,
     StreamSpec,
+    Tag,
     TensorRef,
 )
 
@@ -99,7 +100,7 @@ class CpuOptimizer:
         streams = (StreamSpec(STEP, StreamKind.CPU), StreamSpec("gpu_opt", StreamKind.GPU_COMPUTE))
         return Setup(streams=streams, caches=(self.dram_cache,) if self.dram_cache else ())
 
-    def _t(self, activity: Activity, group: int = -1, label: str = "") -> object:
+    def _t(self, activity: Activity, group: int = -1, label: str = "") -> Tag:
         return tag(activity, self.id, Phase.OPTIMIZER, group=group, label=label)
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:

@@ -47,10 +47,7 @@ class ReuseDistance:
 
     def __init__(self, max_distance_bytes: float, max_distance_params: float | None = None) -> None:
         self.max_distance_bytes = max_distance_bytes
-        if max_distance_params is None:
-            label = f"{max_distance_bytes:.3g} B"
-        else:
-            label = f"{max_distance_params:.3g} params"
+        label = f"{max_distance_bytes:.3g} B" if max_distance_params is None else f"{max_distance_params:.3g} params"
         self.name = f"reuse-distance({label})"
 
     def victims(self, view: MemoryView, need_bytes: float) -> Sequence[Evict]:

@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from offsim.core._version import __version__
 from offsim.config.run import RunConfig
+from offsim.core._version import __version__
 from offsim.report import figures
 from offsim.report.bottleneck import bottleneck
 from offsim.report.tracks import RESOURCE_LABELS, TIER_LABELS

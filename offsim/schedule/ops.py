@@ -39,7 +39,6 @@ from offsim.core.enums import (
     Tier,
 )
 
-
 #: ``TensorRef.mb`` of a tensor that belongs to the micro-batch of the block instance it is named in
 CUR_MB = -2
 

@@ -41,7 +41,7 @@ from offsim.systems.compile import System, compile_system
 
 def _int(x: float) -> int:
     """Bytes rounded once, at compile time."""
-    return int(round(x))
+    return round(x)
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Ctx:
     host_share: tuple[float, ...]
 
     @property
-    def st(self):  # noqa: ANN201 - the Strategy
+    def st(self):
         return self.cfg.strategy
 
     @property
@@ -181,8 +181,9 @@ def activations(c: Ctx) -> Activations:
             out.append(LayerActivations(kept, transient, work, tier, out_storage=c.paths.gds(False, kept),
                                         back_storage=c.paths.gds(True, kept)))
         elif tier is Tier.NVME:
-            out.append(LayerActivations(kept, transient, work, tier, c.paths.dma(False, kept), c.paths.nvme(False, kept),
-                                        c.paths.dma(True, kept), c.paths.nvme(True, kept), min(kept, staging_cap)))
+            out.append(LayerActivations(kept, transient, work, tier, c.paths.dma(False, kept),
+                                        c.paths.nvme(False, kept), c.paths.dma(True, kept), c.paths.nvme(True, kept),
+                                        min(kept, staging_cap)))
         else:
             pinned = c.st.pin_memory
             out.append(LayerActivations(kept, transient, work, c.host, c.paths.dma(False, kept, pinned),
@@ -284,7 +285,7 @@ def _orders(c: Ctx, n_groups: int) -> tuple[tuple[int, ...], ...]:
     orders = tuple(tuple(policy.order(it, n_groups)) for it in range(c.cfg.iterations))
     for it, order in enumerate(orders):
         if sorted(order) != list(range(n_groups)):
-            from offsim.core.errors import PolicyError  # noqa: PLC0415
+            from offsim.core.errors import PolicyError
             raise PolicyError(f"optimizer order policy '{policy.name}' at iteration {it}: {list(order)} is not "
                               f"a permutation of the {n_groups} sub-groups")
     return orders
@@ -414,7 +415,7 @@ def compose(cfg: RunConfig) -> System:
         mechs["params"] = _Nothing()
     opt = mechs["optimizer"]
     period = _step_period(opt.orders) if isinstance(opt, CpuOptimizer) else 1
-    notes = ()
+    notes: tuple[str, ...] = ()
     if c.st.optimizer_split == "perf-model":
         notes = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen at run time from the "
                  "previous step's rates (Deep Optimizer States); this schedule lists every sub-group on the CPU",)
@@ -429,11 +430,11 @@ def compose(cfg: RunConfig) -> System:
 class _Nothing:
     """A mechanism slot the strategy does not use (parameters resident on the GPU)."""
 
-    def setup(self):  # noqa: ANN201
-        from offsim.mechanisms.base import Setup  # noqa: PLC0415
+    def setup(self):
+        from offsim.mechanisms.base import Setup
         return Setup()
 
-    def emit(self, b, site, stage) -> None:  # noqa: ANN001
+    def emit(self, b, site, stage) -> None:
         return None
 
 
