@@ -14,7 +14,7 @@ from typing import Any
 from offsim.config.base import Provenance
 from offsim.config.hardware import HardwareProfile
 from offsim.config.run import make_run_config
-from offsim.config.strategy import Strategy
+from offsim.config.strategy import Placement, Strategy
 from offsim.config.workload import Workload
 from offsim.engine.run import simulate
 from offsim.results import RunResult
@@ -39,7 +39,7 @@ def twin_strategy() -> Strategy:
         description="The real offloaded trainer: params and optimizer state in pinned DRAM, prefetch depth 1.",
         provenance=Provenance(kind="derived", source="offsim.calibrate.real_trainer", date="2026-11-21"),
         zero_stage=3,
-        placement={"params": "cpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"},
+        placement=Placement(params="cpu", grads="cpu", optimizer_states="cpu", activations="gpu"),
         optimizer_device="cpu", pin_memory=True, prefetch_depth=1, reuse_distance_params=0.0,
         sub_group_params=1e15, optimizer_swap_pipeline=False, overlap_grad_offload=True,
         host_allocator="exact",

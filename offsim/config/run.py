@@ -84,6 +84,6 @@ def make_run_config(
         return RunConfig(hardware=hw, workload=wl, strategy=st, iterations=iterations,
                          warmup_iterations=warmup_iterations)
     except ValueError as exc:
-        errs = getattr(exc, "errors", lambda: [])()
+        errs: list[dict] = getattr(exc, "errors", lambda: [])()
         msg = "; ".join(e["msg"].removeprefix("Value error, ") for e in errs) or str(exc)
         raise ConfigError(msg) from None

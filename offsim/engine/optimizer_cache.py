@@ -56,6 +56,7 @@ class OptimizerCache:
     def read(self, iteration: int, g: int, params: float) -> Generator:
         """Bring sub-group ``g``'s state (unless cached) and its gradients into DRAM."""
         served = self.cache.serve(self.position[(iteration, g)])
+        assert served is not None  # a due access is always served
         size = self.state_bytes[g]
         self.hooks.log(iteration, DRAM_OPTIMIZER, "hit" if served.hit else "miss", g, size)
         for v in served.victims:

@@ -395,8 +395,8 @@ class Engine:
             name = f"GPU Adam {layer.name} (GPU-resident share)"
             yield from self._gpu_adam(self.cur.iteration, params, name)
 
-    def _offload_grads(self, layer: Layer, mb: int, slot: simpy.Event, meta: dict,
-                       host_slot: simpy.Event | None = None) -> Generator:
+    def _offload_grads(self, layer: Layer, mb: int, slot: simpy.resources.resource.Request, meta: dict,
+                       host_slot: simpy.resources.resource.Request | None = None) -> Generator:
         """Copy a layer's gradients home; ``host_slot`` is its host gradient buffer under a
         layer-wise schedule with bounded buffers (released when its update is done)."""
         full = layer.params * self.bpp_grad
@@ -439,7 +439,8 @@ class Engine:
             dram = local_params * (self.bpp_grad + (2 if mb else 1) * hg)
             yield from self._on_stream("grad_host", self.io.host_copy(dram, **acc))
 
-    def _then_release(self, work: Generator, slot: simpy.Event, tier: str, nbytes: float) -> Generator:
+    def _then_release(self, work: Generator, slot: simpy.resources.resource.Request, tier: str,
+                      nbytes: float) -> Generator:
         """Run ``work``, then free a host gradient buffer (its bytes and its slot)."""
         yield from work
         self.ledger.free(tier, nbytes)
@@ -751,8 +752,8 @@ class Engine:
         if deepspeed_zero3_offload(self.cfg):
             self._allocate_deepspeed_host()
         elif st.needs_staging_buffers():
-            pinned = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
-            self.ledger.alloc("host_pinned", pinned, "pinned staging buffers")
+            staging = self.st.pinned_buffer_count * round_pinned(self.st.pinned_buffer_bytes, self.st.host_allocator)
+            self.ledger.alloc("host_pinned", staging, "pinned staging buffers")
 
     def _allocate_deepspeed_host(self) -> None:
         """Replay DeepSpeed ZeRO-3's host set-up in order: persistent swap buffers and gradient

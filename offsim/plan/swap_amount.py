@@ -86,7 +86,7 @@ def per_block_plan(cfg: RunConfig, swapped: int, total_blocks: int,
     """``cfg`` with the activation policy "swap the first ``swapped`` blocks to ``tier``,
     recompute the others" (their checkpoints where the configured policy keeps them)."""
     st = cfg.strategy
-    ckpt_tier = getattr(st.policies.activations, "checkpoint_tier", "gpu")
+    ckpt_tier: Literal["gpu", "cpu", "nvme"] = getattr(st.policies.activations, "checkpoint_tier", "gpu")
     act = PerBlockConfig(offload=swapped, recompute=total_blocks - swapped, tier=tier, checkpoint_tier=ckpt_tier)
     pol = st.policies.model_copy(update={"activations": act})
     return cfg.model_copy(update={"strategy": st.model_copy(update={"policies": pol})})

@@ -31,7 +31,7 @@ class OffloadConfig(Frozen):
     def build(self, ctx: BuildContext) -> OffloadActivations:
         """The policy."""
         keep = ctx.prefetch_depth if self.keep_last is None else self.keep_last
-        tier = "nvme" if self.kind == "offload-nvme" else "cpu"
+        tier: Literal["cpu", "nvme"] = "nvme" if self.kind == "offload-nvme" else "cpu"
         return OffloadActivations(tier, self.checkpoint, keep, self.kind)
 
 

@@ -77,25 +77,35 @@ def _cells(results: Sequence[RunResult], name: str, get: Callable[[RunResult], o
     return [name, *("-" if feasible_only and not r.feasible else str(get(r)) for r in results)]
 
 
+def _phase_cell(phase: str) -> Callable[[RunResult], object]:
+    return lambda r: _fmt(getattr(r.metrics.phases_s, phase), " s")
+
+
+def _peak_cell(tier: str) -> Callable[[RunResult], object]:
+    return lambda r: f"{getattr(r.metrics.peak_bytes, tier) / 2**30:.3g} GiB"
+
+
+def _traffic_cell(link: str) -> Callable[[RunResult], object]:
+    return lambda r: f"{getattr(r.metrics.traffic_bytes, link) / 1e9:.3g} GB"
+
+
 def metric_rows(results: Sequence[RunResult]) -> list[list[str]]:
     """Headline metrics, one row per metric and one column per run."""
     m: dict[str, Callable[[RunResult], object]] = {
         "iteration time": lambda r: _fmt(r.metrics.iteration_time_s, " s"),
-        "throughput": lambda r: f"{r.metrics.tokens_per_s:,.0f} tokens/s",
+        "throughput": lambda r: f"{r.metrics.tokens_per_s or 0.0:,.0f} tokens/s",
         "model TFLOP/s per GPU": lambda r: _fmt(r.metrics.tflops_per_gpu, "", 3),
-        "GPU busy": lambda r: f"{100 * r.metrics.gpu_busy_fraction:.1f} %",
+        "GPU busy": lambda r: f"{100 * (r.metrics.gpu_busy_fraction or 0.0):.1f} %",
         "GPU stalled on data": lambda r: _fmt(r.metrics.stall_s, " s"),
         "optimizer step": lambda r: _fmt(r.metrics.optimizer_step_s, " s"),
         "bottleneck": lambda r: RESOURCE_LABELS.get(bottleneck(r).resource, ""),
     }
     for phase in ("forward", "backward", "optimizer"):
-        m[f"phase {phase}"] = lambda r, p=phase: _fmt(getattr(r.metrics.phases_s, p), " s")
+        m[f"phase {phase}"] = _phase_cell(phase)
     for tier in ("gpu", "host_pinned", "host", "nvme"):
-        m[f"peak {TIER_LABELS[tier]}"] = (
-            lambda r, t=tier: f"{getattr(r.metrics.peak_bytes, t) / 2**30:.3g} GiB")
+        m[f"peak {TIER_LABELS[tier]}"] = _peak_cell(tier)
     for link in ("h2d", "d2h", "nvme_read", "nvme_write", "gpu_link", "dram_copy"):
-        m[f"traffic {RESOURCE_LABELS[link]} / iteration"] = (
-            lambda r, k=link: f"{getattr(r.metrics.traffic_bytes, k) / 1e9:.3g} GB")
+        m[f"traffic {RESOURCE_LABELS[link]} / iteration"] = _traffic_cell(link)
     fits = _cells(results, "fits", lambda r: "yes" if r.feasible else f"no: {r.metrics.infeasible_reason}",
                   feasible_only=False)
     return [fits, *(_cells(results, name, get) for name, get in m.items())]
@@ -153,8 +163,11 @@ _CONFIG: dict[str, Callable[[RunConfig], object]] = {
 
 def config_rows(results: Sequence[RunResult]) -> list[list[str]]:
     """Key configuration fields, one column per run."""
-    return [_cells(results, name, lambda r, g=get: g(r.config), feasible_only=False)
-            for name, get in _CONFIG.items()]
+    return [_cells(results, name, _config_cell(get), feasible_only=False) for name, get in _CONFIG.items()]
+
+
+def _config_cell(get: Callable[[RunConfig], object]) -> Callable[[RunResult], object]:
+    return lambda r: get(r.config)
 
 
 def _stall_html(result: RunResult) -> str:
