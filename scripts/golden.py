@@ -68,7 +68,7 @@ def record(hardware: str, workload: str, strategy: str) -> dict[str, Any]:
     try:
         bound = time_lower_bound(cfg)
         rec["time_bound"] = {"seconds": bound.seconds, "binding": bound.binding, "terms_s": bound.terms_s}
-    except Exception as exc:  # noqa: BLE001 - recorded as it is, so a change shows up
+    except Exception as exc:
         rec["time_bound"] = {"error": f"{type(exc).__name__}: {exc}"}
     if hardware == "tiny" and workload == "tiny" and result.feasible:
         rec["spans"] = [[s.iteration, s.phase, s.resource, s.kind, s.name, s.layer, s.start_s, s.end_s, s.bytes]

@@ -16,7 +16,7 @@ from offsim.cli import app
 from offsim.config.loading import shipped_files
 from offsim.core.enums import Activity, CacheId, OpKind, TensorKind, Tier
 from offsim.schedule.analysis import accesses, check_acyclic, check_allocations, op_instances
-from offsim.schedule.ops import Access, Alloc, Block, Flow, Schedule
+from offsim.schedule.ops import Alloc, Block, Flow, Schedule
 from offsim.systems.generic import compile_generic
 
 STRATEGIES = sorted(shipped_files("strategy"))
