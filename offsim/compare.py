@@ -18,35 +18,56 @@ Policy names (``--policies``; join several with ``+``, e.g. ``lru+alternating``)
 ``same`` ``alternating``                   optimizer sub-group order
 =========================================  ==================================================
 
-Regret against OPT: bytes are scored against the exact offline optimum of each cache (see
-:mod:`offsim.cache_stats`); stall time (the GPU waiting for parameters plus the CPU optimizer
-waiting for sub-groups) and iteration time against a twin run of the same variant whose caches
-follow the OPT policy within the same budget (the twin may occasionally wait longer: OPT
-minimises bytes, not waiting).
+``belady-size`` is a size-aware heuristic (:mod:`offsim.policies.belady_size`). ``belady`` and
+``belady-size`` are heuristics with tensors of several sizes; ``opt`` follows the plan of
+:mod:`offsim.policies.opt` (exact by enumeration on the bare sequence when ``opt_exact``).
+None of them is the yardstick.
+
+Bounds and regret: every row is scored against a **lower bound** on the bytes any policy must
+move with the same budgets, and the **upper bound** of the best schedule offsim constructs,
+from the access sequence the engine served (:func:`offsim.cache_stats.cache_bound`, the
+min-cost-flow bound of :mod:`offsim.policies.bounds`; ``bound_exact`` when they meet, i.e. the
+bound is the optimum). Bytes outside the caches (gradients, activations, the optimizer's reads
+of gradients) are the same for every policy and count in both bounds, so ``lower_bound_bytes``
+and ``upper_bound_bytes`` are totals over all links, like ``total_bytes``; ``regret_bytes`` =
+``total_bytes - lower_bound_bytes`` >= 0. Links are those between tiers (host memory copies,
+``dram_copy``, are left out of the totals). Per cache, ``<cache>_bytes`` (what the policy moved
+for it over all links), ``lower_bound_<cache>_bytes``, ``upper_bound_<cache>_bytes`` and
+``regret_<cache>_bytes``.
+
+Curves: :func:`policy_variants` takes lists of GPU parameter budgets and DRAM cache sizes; a row
+per policy and size, with ``cache_gib`` and ``dram_cache_gib`` (the budgets as run, GiB).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
+from itertools import product
 from typing import Any
 
 import pandas as pd
 
+from offsim.cache_stats import cache_bound
 from offsim.config.hardware import HardwareProfile
 from offsim.config.run import make_run_config
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
 from offsim.engine.run import simulate
 from offsim.errors import ConfigError, PolicyError
+from offsim.metrics import steady_iterations
 from offsim.results import RunResult
 
-CACHING = ("lru", "fifo", "mru", "lfu", "belady", "opt")
+CACHING = ("lru", "fifo", "mru", "lfu", "belady", "belady-size", "opt")
 ACTIVATIONS = ("keep", "recompute", "offload-cpu", "offload-nvme")
 ORDERS = ("same", "alternating")
 SHORTHANDS = ["reuse-distance", *CACHING, "keep-last-K", "keep-first-K", "no-prefetch", "lookahead-K",
               "bucket", "bucket-P", "window", *ACTIVATIONS, *ORDERS]
-DEFAULT_POLICIES = "reuse-distance,lru,fifo,mru,lfu,belady,opt"
+DEFAULT_POLICIES = "reuse-distance,lru,fifo,mru,lfu,belady,belady-size,opt"
+#: Kinds of the spans that move a GPU parameter buffer miss (engine names, offsim.engine.simulate).
+PARAM_FETCH_KINDS = ("param_fetch", "param_allgather")
+GPU_PARAMS, DRAM_OPTIMIZER = "gpu_params", "dram_optimizer"
 
 
 def _token_overrides(token: str) -> dict[str, Any]:
@@ -87,20 +108,18 @@ def apply_policies(strategy: Strategy, spec: str, **policy_fields: Any) -> Strat
     return strategy.model_copy(update={"policies": policies})
 
 
-def _opt_twin(result: RunResult) -> Strategy:
-    """The variant with its caches following OPT within the budget the variant used."""
-    st = result.config.strategy
-    fields: dict[str, Any] = {"eviction": {"kind": "opt"}, "dram_eviction": {"kind": "opt"}}
-    gpu = result.metrics.cache.get("gpu_params")
-    if gpu is not None and st.policies.gpu_param_buffer_gib is None:
-        fields["gpu_param_buffer_gib"] = max(gpu.peak_bytes, 1.0) / 2**30
-    return st.model_copy(update={"policies": type(st.policies).model_validate(
-        {**st.policies.model_dump(), **fields})})
+#: Traffic that stays inside one tier (host memory copies): not a link between tiers.
+WITHIN_TIER = ("dram_copy",)
+
+
+def _links(result: RunResult) -> dict[str, float]:
+    """Bytes per iteration on each link between tiers (PCIe both ways, NVMe, GPU links, PFS)."""
+    return {k: v for k, v in result.metrics.traffic_bytes.model_dump().items() if k not in WITHIN_TIER}
 
 
 def _total_bytes(result: RunResult) -> float:
-    t = result.metrics.traffic_bytes
-    return t.h2d + t.d2h + t.nvme_read + t.nvme_write
+    """Bytes per iteration over all links between tiers."""
+    return float(sum(_links(result).values()))
 
 
 def _cache_stall(result: RunResult) -> float:
@@ -109,10 +128,82 @@ def _cache_stall(result: RunResult) -> float:
     return sum(c.stall_s for c in result.metrics.cache.values())
 
 
-def _row(label: str, result: RunResult, twin: RunResult | None) -> dict[str, Any]:
+def _steady(result: RunResult) -> list[int]:
+    return steady_iterations(result.config, result.recorder)[0]
+
+
+def param_link_bytes(result: RunResult) -> tuple[float, dict[int, float]]:
+    """Bytes per steady iteration the GPU parameter buffer's misses moved over all links, and per
+    layer the link bytes one byte of a miss costs (host reads, H2D copy, all-gather), both
+    measured from the run's spans."""
+    steady = set(_steady(result))
+    links = set(_links(result))
+    moved: dict[int, float] = {}
+    for s in result.recorder.spans:
+        if s.iteration in steady and s.kind in PARAM_FETCH_KINDS and s.resource in links:
+            moved[s.layer] = moved.get(s.layer, 0.0) + s.bytes
+    missed: dict[int, float] = {}
+    for e in result.recorder.cache_events:
+        if e.cache == GPU_PARAMS and e.kind == "miss" and e.iteration in steady:
+            missed[e.tensor] = missed.get(e.tensor, 0.0) + e.bytes
+    factor = {t: moved.get(t, 0.0) / b for t, b in missed.items() if b > 0}
+    return sum(moved.values()) / len(steady), factor
+
+
+def cache_link_bytes(result: RunResult) -> dict[str, tuple[float, float, float, bool]]:
+    """Per cache: bytes per iteration the policy moved for it over all links, the lower and upper
+    bound on them (any policy, same budget and sequence), and whether the bound is exact.
+
+    A DRAM-cache miss reads the sub-group's state and a write-back writes it, one byte per byte
+    (``offsim.engine.optimizer_cache``); a GPU-buffer miss moves what the spans show."""
+    out = {}
+    steady = _steady(result)
+    for name, c in result.metrics.cache.items():
+        if name == GPU_PARAMS:
+            moved, factor = param_link_bytes(result)
+            b = cache_bound(result.recorder, name, steady, factor)
+        else:
+            moved = c.bytes_fetched + c.bytes_written_back
+            b = cache_bound(result.recorder, name, steady)
+        out[name] = (moved, b.lower_bytes, b.upper_bytes, b.exact)
+    return out
+
+
+def _budgets(result: RunResult) -> dict[str, float | None]:
+    """The caches' budgets as run, GiB (None: unbounded, or no such cache)."""
+    out: dict[str, float | None] = {"cache_gib": None, "dram_cache_gib": None}
+    for name, col in ((GPU_PARAMS, "cache_gib"), (DRAM_OPTIMIZER, "dram_cache_gib")):
+        c = result.metrics.cache.get(name)
+        if c is not None and c.capacity_bytes is not None:
+            out[col] = c.capacity_bytes / 2**30
+    return out
+
+
+def _bound_columns(result: RunResult) -> dict[str, Any]:
+    """Totals and per-cache bounds (see the module docstring)."""
+    total = _total_bytes(result)
+    row: dict[str, Any] = {"total_bytes": total}
+    outside, lower, upper, exact = total, 0.0, 0.0, True
+    for name, (moved, lo, up, ex) in cache_link_bytes(result).items():
+        row.update({f"{name}_bytes": moved, f"lower_bound_{name}_bytes": lo, f"upper_bound_{name}_bytes": up,
+                    f"regret_{name}_bytes": _regret(moved, lo), f"bound_exact_{name}": ex})
+        outside, lower, upper, exact = outside - moved, lower + lo, upper + up, exact and ex
+    row.update({"lower_bound_bytes": outside + lower, "upper_bound_bytes": outside + upper,
+                "regret_bytes": _regret(total, outside + lower), "bound_exact": exact})
+    return row
+
+
+def _regret(moved: float, lower: float) -> float:
+    """``moved - lower``; differences within float rounding of the sums read as 0."""
+    r = moved - lower
+    return 0.0 if abs(r) <= 1e-9 * max(abs(moved), 1.0) else r
+
+
+def _row(label: str, result: RunResult) -> dict[str, Any]:
     m = result.metrics
     row: dict[str, Any] = {"variant": label, "strategy": result.config.strategy.name, "feasible": m.feasible,
                            "infeasible_reason": m.infeasible_reason}
+    row.update(_budgets(result))
     if not m.feasible:
         return row
     row.update({"iteration_time_s": m.iteration_time_s, "stall_s": m.stall_s})
@@ -121,20 +212,14 @@ def _row(label: str, result: RunResult, twin: RunResult | None) -> dict[str, Any
     for name, c in m.cache.items():
         row[f"hit_rate_{name}"] = c.hit_rate
         row[f"stall_{name}_s"] = c.stall_s
-        row[f"regret_{name}_bytes"] = c.regret_bytes
-    row["regret_bytes"] = sum(c.regret_bytes for c in m.cache.values())
-    row["opt_exact"] = all(c.opt_exact for c in m.cache.values())
     row["cache_stall_s"] = _cache_stall(result)
-    if twin is not None and twin.feasible:
-        row["regret_stall_s"] = row["cache_stall_s"] - _cache_stall(twin)
-        row["regret_iteration_s"] = m.iteration_time_s - twin.metrics.iteration_time_s
-        row["regret_total_bytes"] = _total_bytes(result) - _total_bytes(twin)
+    row.update(_bound_columns(result))
     return row
 
 
 def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
-                 variants: list[tuple[str, Strategy]], iterations: int = 3, warmup: int = 1,
-                 score: bool = True) -> tuple[pd.DataFrame, list[RunResult]]:
+                 variants: list[tuple[str, Strategy]], iterations: int = 3,
+                 warmup: int = 1) -> tuple[pd.DataFrame, list[RunResult]]:
     """Simulate each ``(label, strategy)``; one row per variant (see :func:`_row` columns).
 
     A variant whose policy makes an illegal decision gets a row with the error as its reason;
@@ -148,25 +233,104 @@ def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
             rows.append({"variant": label, "strategy": st.name, "feasible": False,
                          "infeasible_reason": f"policy error: {exc}"})
             continue
-        twin = None
-        if score and result.feasible and result.metrics.cache:
-            twin = simulate(make_run_config(hardware, workload, _opt_twin(result), iterations=iterations,
-                                            warmup_iterations=warmup))
-        rows.append(_row(label, result, twin))
+        rows.append(_row(label, result))
         results.append(result)
     return pd.DataFrame(rows), results
 
 
-def policy_variants(base: Strategy, policies: str, param_buffer_gib: float | str | None = "auto",
-                    dram_cache_gib: float | None = None) -> list[tuple[str, Strategy]]:
-    """One variant of ``base`` per comma-separated item of ``policies``."""
-    fields: dict[str, Any] = {}
-    if param_buffer_gib is not None:
-        fields["gpu_param_buffer_gib"] = param_buffer_gib
-    if dram_cache_gib is not None:
-        fields["dram_cache_gib"] = dram_cache_gib
+def policy_variants(base: Strategy, policies: str,
+                    param_buffer_gib: float | str | Sequence[float | str | None] | None = "auto",
+                    dram_cache_gib: float | Sequence[float | None] | None = None) -> list[tuple[str, Strategy]]:
+    """One variant of ``base`` per comma-separated item of ``policies`` and per budget: every
+    GPU parameter budget in ``param_buffer_gib`` with every DRAM cache size in
+    ``dram_cache_gib`` (a single value, or a list for curves over cache size)."""
+    buffers = list(param_buffer_gib) if isinstance(param_buffer_gib, list | tuple) else [param_buffer_gib]
+    drams = list(dram_cache_gib) if isinstance(dram_cache_gib, list | tuple) else [dram_cache_gib]
     items = [p.strip() for p in policies.split(",") if p.strip()]
-    return [(item, apply_policies(base, item, **fields)) for item in items]
+    out = []
+    for buffer, dram, item in product(buffers, drams, items):
+        fields: dict[str, Any] = {}
+        if buffer is not None:
+            fields["gpu_param_buffer_gib"] = buffer
+        if dram is not None:
+            fields["dram_cache_gib"] = dram
+        out.append((item, apply_policies(base, item, **fields)))
+    return out
+
+
+# ---------------------------------------------------------------- reading the study
+def _feasible(table: pd.DataFrame) -> pd.DataFrame:
+    ok = table[table["feasible"].astype(bool)] if "feasible" in table else table
+    return ok if "iteration_time_s" in ok else ok.iloc[0:0]
+
+
+def _budget_groups(table: pd.DataFrame) -> list[tuple[tuple[Any, Any], pd.DataFrame]]:
+    """Feasible rows grouped by (GPU buffer GiB, DRAM cache GiB), smallest first."""
+    ok = _feasible(table)
+    if ok.empty:
+        return []
+    return [((a, b), part) for (a, b), part in ok.groupby(["cache_gib", "dram_cache_gib"], dropna=False,
+                                                            sort=True)]
+
+
+def _budget_words(cache_gib: Any, dram_gib: Any) -> str:
+    parts = []
+    if cache_gib is not None and not _nan(cache_gib):
+        parts.append(f"the GPU parameter buffer at {cache_gib:.3g} GiB")
+    if dram_gib is not None and not _nan(dram_gib):
+        parts.append(f"a DRAM cache of {dram_gib:.3g} GiB" if dram_gib > 0 else "no DRAM cache")
+    return " and ".join(parts) or "these budgets"
+
+
+def _nan(x: Any) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def decision(table: pd.DataFrame) -> str:
+    """One sentence: per budget, the fastest policy, its iteration time against the slowest, and
+    how far its bytes are from the lower bound."""
+    clauses = []
+    for (cache_gib, dram_gib), part in _budget_groups(table):
+        best = part.loc[part["iteration_time_s"].idxmin()]
+        worst = part.loc[part["iteration_time_s"].idxmax()]
+        gain = worst["iteration_time_s"] - best["iteration_time_s"]
+        versus = (f", {gain:.3g} s faster than `{worst['variant']}`" if gain > 0 and len(part) > 1 else "")
+        clauses.append(f"with {_budget_words(cache_gib, dram_gib)}, `{best['variant']}` is fastest "
+                       f"({best['iteration_time_s']:.4g} s per iteration{versus}) and moves "
+                       f"{best['total_bytes'] / 1e9:.4g} GB per iteration, {_against_bound(best)}")
+    if not clauses:
+        return "No variant fits."
+    text = "; ".join(clauses)
+    return text[0].upper() + text[1:] + "."
+
+
+def _against_bound(row: pd.Series) -> str:
+    """How a row's bytes compare with the bounds, in words."""
+    gap = (row["upper_bound_bytes"] - row["lower_bound_bytes"]) / 1e9
+    bound = ("the optimum" if bool(row["bound_exact"])
+             else f"the lower bound ({gap:.3g} GB below the best schedule found)")
+    if row["regret_bytes"] <= 0:
+        return f"at {bound}"
+    rel = row["regret_bytes"] / row["lower_bound_bytes"]
+    return f"{row['regret_bytes'] / 1e9:.3g} GB ({rel:.2%}) above {bound}"
+
+
+def anomalies(table: pd.DataFrame, column: str = "cache_gib") -> list[str]:
+    """Policies that move more bytes with a larger ``column`` budget (Belady's anomaly: FIFO
+    can; LRU and the bound cannot, see ``tests/test_policy_bounds.py``)."""
+    ok = _feasible(table)
+    if column not in ok or ok[column].nunique() < 2 or "total_bytes" not in ok:
+        return []
+    out = []
+    other = "dram_cache_gib" if column == "cache_gib" else "cache_gib"
+    for (variant, _), part in ok.groupby(["variant", ok[other].fillna(-1)], sort=False):
+        part = part.sort_values(column)
+        totals, sizes = list(part["total_bytes"]), list(part[column])
+        for k in range(1, len(totals)):
+            if totals[k] > totals[k - 1] * (1 + 1e-9):
+                out.append(f"{variant}: {(totals[k] - totals[k - 1]) / 1e9:.3g} GB more per iteration at "
+                           f"{sizes[k]:.3g} GiB than at {sizes[k - 1]:.3g} GiB")
+    return out
 
 
 # ---------------------------------------------------------------- ROK curve

@@ -1,5 +1,5 @@
-"""``offsim compare`` (policies side by side, scored against OPT) and ``offsim rok`` (the
-recompute-offload-keep curve)."""
+"""``offsim compare`` (policies side by side, scored against bounds on the bytes any policy must
+move, over one or several cache sizes) and ``offsim rok`` (the recompute-offload-keep curve)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ wide = console if console.is_terminal else Console(width=170)  # logs and pipes:
 
 
 def _gb(x: float | None) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x / 1e9:.3f}"
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x / 1e9:.4g}"
 
 
 def _num(x: float | None, fmt: str = ".4g") -> str:
@@ -38,38 +38,81 @@ def _buffer(text: str) -> float | str | None:
         raise ConfigError(f"--param-buffer-gib: expected a number, 'auto' or 'none', got '{text}'") from None
 
 
+def _sizes(text: str, option: str) -> list[float]:
+    """``2,4,8`` -> [2.0, 4.0, 8.0]."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        from offsim.errors import ConfigError
+
+        raise ConfigError(f"{option}: expected comma-separated GiB, e.g. 2,4,8; got '{text}'") from None
+
+
+COLUMNS = [("variant", "variant"), ("GPU buf GiB", "cache_gib"), ("DRAM GiB", "dram_cache_gib"),
+           ("iteration s", "iteration_time_s"), ("GPU stall s", "stall_s"),
+           ("CPU wait s", "stall_dram_optimizer_s"), ("H2D GB", "h2d_bytes"), ("D2H GB", "d2h_bytes"),
+           ("NVMe rd GB", "nvme_read_bytes"), ("NVMe wr GB", "nvme_write_bytes"),
+           ("hit GPU", "hit_rate_gpu_params"), ("hit DRAM", "hit_rate_dram_optimizer"),
+           ("peak GPU GiB", "peak_gpu_bytes"), ("peak host GiB", "peak_host_bytes"),
+           ("total GB", "total_bytes"), ("bound GB", "lower_bound_bytes"), ("regret GB", "regret_bytes"),
+           ("exact", "bound_exact")]
+
+
+def _cell(key: str, v: object) -> str:
+    if key.endswith("_bytes") and key.startswith("peak"):
+        return _num(None if v is None else v / 2**30, ".2f")  # type: ignore[operator]
+    if key.endswith("_bytes"):
+        return _gb(v)  # type: ignore[arg-type]
+    if key.startswith("hit_rate"):
+        return _num(v, ".0%") if v is not None and v == v else "-"  # type: ignore[arg-type]
+    if key == "bound_exact":
+        return "-" if v is None or v != v else ("yes" if v else "no")
+    if key.endswith("_gib"):
+        return "-" if v is None or v != v else _num(v, ".3g")  # type: ignore[arg-type]
+    return _num(v)  # type: ignore[arg-type]
+
+
+def _row_cells(row: dict, keys: list[str]) -> list[str]:
+    """A row's cells; an infeasible one shows its budgets and n/a."""
+    if row["feasible"]:
+        return [_cell(key, row.get(key)) for key in keys]
+    cells = [_cell(key, row.get(key)) if key.endswith("_gib") else "" for key in keys]
+    first = next((i for i, key in enumerate(keys) if not key.endswith("_gib")), None)
+    if first is not None:
+        cells[first] = "[red]n/a[/]"
+    return cells
+
+
 def _print_compare(table, title: str) -> None:  # a DataFrame
     t = Table(title=title)
-    cols = [("variant", "variant"), ("iteration s", "iteration_time_s"), ("GPU stall s", "stall_s"),
-            ("CPU wait s", "stall_dram_optimizer_s"),
-            ("H2D GB", "h2d_bytes"), ("D2H GB", "d2h_bytes"), ("NVMe rd GB", "nvme_read_bytes"),
-            ("NVMe wr GB", "nvme_write_bytes"), ("hit GPU", "hit_rate_gpu_params"),
-            ("hit DRAM", "hit_rate_dram_optimizer"), ("peak GPU GiB", "peak_gpu_bytes"),
-            ("peak host GiB", "peak_host_bytes"), ("regret GB", "regret_bytes"),
-            ("regret stall s", "regret_stall_s"),
-            ("regret iter s", "regret_iteration_s")]
+    cols = [(label, key) for label, key in COLUMNS if key in table]
     for label, _ in cols:
         t.add_column(label, justify="left" if label == "variant" else "right", no_wrap=label == "variant")
     for row in table.to_dict("records"):
-        if not row["feasible"]:
-            t.add_row(row["variant"], "[red]n/a[/]", *[""] * (len(cols) - 2))
-            continue
-        cells = []
-        for _, key in cols[1:]:
-            v = row.get(key)
-            if key.endswith("_bytes") and key.startswith("peak"):
-                cells.append(_num(None if v is None else v / 2**30, ".2f"))
-            elif key.endswith("_bytes"):
-                cells.append(_gb(v))
-            elif key.startswith("hit_rate"):
-                cells.append(_num(v, ".0%") if v is not None and v == v else "-")
-            else:
-                cells.append(_num(v))
-        t.add_row(row["variant"], *cells)
+        t.add_row(row["variant"], *_row_cells(row, [key for _, key in cols[1:]]))
     wide.print(t)
     for row in table.to_dict("records"):
         if not row["feasible"]:
             wide.print(f"[red]{row['variant']}[/]: {row['infeasible_reason']}", highlight=False)
+
+
+def _print_notes(table) -> None:  # a DataFrame
+    """Bound gaps and Belady's anomalies, under the table."""
+    from offsim.compare import anomalies
+
+    ok = table[table["feasible"].astype(bool)] if "bound_exact" in table else table.iloc[0:0]
+    gaps = ok[~ok["bound_exact"].astype(bool)] if not ok.empty else ok
+    if not ok.empty:
+        wide.print("Bounds: lower = min-cost flow over the access sequence the engine served (Berger et al., "
+                   "SIGMETRICS 2018); 'exact' = it meets the best schedule found, so it is the optimum "
+                   "for fetch on demand.", highlight=False)
+    for row in gaps.drop_duplicates(["cache_gib", "dram_cache_gib"]).to_dict("records"):
+        gap = (row["upper_bound_bytes"] - row["lower_bound_bytes"]) / 1e9
+        wide.print(f"bound gap at {row['cache_gib']} GiB / {row['dram_cache_gib']} GiB: the best schedule found "
+                   f"moves {gap:.3g} GB per iteration more than the lower bound", highlight=False)
+    for column in ("cache_gib", "dram_cache_gib"):
+        for line in anomalies(table, column):
+            wide.print(f"more bytes with a larger cache ({column}): {line}", highlight=False)
 
 
 def compare(
@@ -79,7 +122,7 @@ def compare(
     = "zero-infinity-nvme",
     policies: Annotated[str | None, typer.Option(
         help="comma-separated policy names, '+' joins several "
-             "(e.g. lru,fifo,belady,keep-last-4,lru+alternating)",
+             "(e.g. lru,fifo,belady,belady-size,keep-last-4,lru+alternating)",
     )] = None,
     strategies: Annotated[str | None, typer.Option(
         help="comma-separated strategies to run as they are")] = None,
@@ -87,16 +130,21 @@ def compare(
         help="GPU parameter budget for the policy variants: GiB, 'auto' (what the plan leaves free) "
              "or 'none'",
     )] = "auto",
-    dram_cache_gib: Annotated[float | None, typer.Option(help="DRAM cache over NVMe optimizer state")] = None,
+    cache_gib: Annotated[str | None, typer.Option(
+        help="GPU parameter budgets to sweep, GiB, comma-separated (e.g. 2,4,8,16,32): a row per policy "
+             "and size, and the curve; replaces --param-buffer-gib")] = None,
+    dram_cache_gib: Annotated[str | None, typer.Option(
+        help="DRAM cache over NVMe optimizer state, GiB; comma-separated to sweep (e.g. 10,20,40)")] = None,
     iterations: Annotated[int, typer.Option(help="optimizer steps to simulate")] = 3,
     warmup: Annotated[int, typer.Option(help="leading steps left out of the metrics")] = 1,
     csv: Annotated[Path, typer.Option(help="write the table as CSV here")] = Path("offsim-compare.csv"),
     html: Annotated[Path, typer.Option(help="write the plotly chart here")] = Path("offsim-compare.html"),
 ) -> None:
     """Run several policies (or strategies) on one profile and workload side by side: time,
-    stall, bytes per link, hit rate and peak memory per tier, regret against OPT."""
+    stall, bytes per link, hit rate and peak memory per tier, and bytes against the lower bound
+    any policy must move (and the best schedule found), over one or several cache sizes."""
     from offsim.cli import fail
-    from offsim.compare import DEFAULT_POLICIES, policy_variants, run_variants
+    from offsim.compare import DEFAULT_POLICIES, decision, policy_variants, run_variants
     from offsim.config.loading import load_strategy
     from offsim.errors import OffsimError
     from offsim.report.compare_figures import compare_figure, write_html
@@ -106,7 +154,9 @@ def compare(
         if policies or not strategies:
             base = load_strategy(strategy)
             names = policies or DEFAULT_POLICIES
-            variants += policy_variants(base, names, _buffer(param_buffer_gib), dram_cache_gib)
+            buffers = _sizes(cache_gib, "--cache-gib") if cache_gib else _buffer(param_buffer_gib)
+            drams = _sizes(dram_cache_gib, "--dram-cache-gib") if dram_cache_gib else None
+            variants += policy_variants(base, names, buffers, drams)
         for name in filter(None, (s.strip() for s in (strategies or "").split(","))):
             variants.append((name, load_strategy(name)))
         table, _ = run_variants(hardware, workload, variants, iterations, warmup)
@@ -114,7 +164,9 @@ def compare(
         fail(str(exc))
         return
     title = f"{workload} on {hardware}: policies over {strategy}"
+    wide.print(decision(table), highlight=False)
     _print_compare(table, title)
+    _print_notes(table)
     table.to_csv(csv, index=False)
     write_html(compare_figure(table, title), html)
     console.print(f"table written to {csv}, chart to {html}")
