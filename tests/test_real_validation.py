@@ -37,8 +37,8 @@ def test_compare_rows_are_errors_relative_to_measured() -> None:
 def test_validate_real_runs_the_trainer_on_cpu(tmp_path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "real.json"
-    result = CliRunner().invoke(app, ["validate", "--real", "--device", "cpu", "--layers", "2",
-                                      "--iterations", "1", "--out", str(out)])
+    result = CliRunner().invoke(app, ["validate", "--real", "-H", "tiny", "-w", "tiny", "--device", "cpu",
+                                      "--layers", "2", "--iterations", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert [r["what"] for r in report["rows"]] == ["forward", "backward", "optimizer", "iteration"]
@@ -49,6 +49,6 @@ def test_validate_real_without_cuda_says_so() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    result = CliRunner().invoke(app, ["validate", "--real", "--layers", "2"])
+    result = CliRunner().invoke(app, ["validate", "--real", "-H", "tiny", "-w", "tiny", "--layers", "2"])
     assert result.exit_code == 2
     assert "no CUDA device" in result.output

@@ -54,8 +54,10 @@ def test_known_misses_still_miss(case_id: str) -> None:
 
 def test_validate_command_prints_every_case(tmp_path) -> None:
     out = tmp_path / "v.csv"
-    result = CliRunner().invoke(app, ["validate", "--csv", str(out)])
-    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["validate", "-o", str(out)])
+    misses = [c.id for c in CASES if not run_case(c)["within"]]
+    assert result.exit_code == (1 if misses else 0), result.output  # a miss exits 1 (issue 20)
+    assert all(m in result.output for m in misses)
     text = out.read_text()
     for case in CASES:
         assert case.id in text

@@ -10,9 +10,25 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+from offsim.commands._common import (
+    DEFAULT_HARDWARE,
+    DEFAULT_STRATEGY,
+    DEFAULT_WORKLOAD,
+    EXIT_NO,
+    IterationsOpt,
+    JsonOpt,
+    QuietOpt,
+    WarmupOpt,
+    check_out_dir,
+    check_out_file,
+    fail,
+    print_json,
+    say,
+)
 
 
 def _option(long: str, short: str, what: str) -> typer.models.OptionInfo:
@@ -25,22 +41,51 @@ StrategyOpt = Annotated[list[str], _option("--strategy", "-s", "strategy")]
 
 
 def report(
-    hardware: HardwareOpt = ["rtx4090-pcie4-ws"],  # noqa: B006 - typer reads the default, never mutated
-    workload: WorkloadOpt = ["llama2-7b"],  # noqa: B006
-    strategy: StrategyOpt = ["zero-offload"],  # noqa: B006
-    iterations: Annotated[int, typer.Option(help="optimizer steps to simulate per run")] = 3,
-    warmup: Annotated[int, typer.Option(help="leading steps left out of the metrics")] = 1,
+    hardware: HardwareOpt = [DEFAULT_HARDWARE],  # noqa: B006 - typer reads the default, never mutated
+    workload: WorkloadOpt = [DEFAULT_WORKLOAD],  # noqa: B006
+    strategy: StrategyOpt = [DEFAULT_STRATEGY],  # noqa: B006
+    iterations: IterationsOpt = 3,
+    warmup: WarmupOpt = 1,
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write")] = Path("report.html"),
     title: Annotated[str | None, typer.Option(help="page title")] = None,
     figures_dir: Annotated[Path | None, typer.Option("--figures", help="also write each run's figures as "
                                                      "standalone HTML files under this folder")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Simulate one or more configurations and write an HTML report (figures, metrics, bottleneck)."""
-    from offsim import make_run_config, simulate
-    from offsim.commands._common import console, fail
-    from offsim.errors import OffsimError
+    from offsim.report.figures import run_labels
+
+    check_out_file(out)
+    check_out_dir(figures_dir, "--figures")
+    results = _simulate_and_write(hardware, workload, strategy, iterations, warmup, out, title, figures_dir,
+                                  quiet or as_json)
+    lines = [(label, _verdict(r)) for label, r in zip(run_labels(results), results, strict=True)]
+    if as_json:
+        print_json({"out": str(out), "runs": [{"label": label, "feasible": r.feasible, "summary": text,
+                                               "iteration_time_s": r.metrics.iteration_time_s}
+                                              for (label, text), r in zip(lines, results, strict=True)]})
+    elif not quiet:
+        for label, text in lines:
+            say(f"{label}: {text}")
+        say(f"report written to {out}")
+    if not any(r.feasible for r in results):
+        raise typer.Exit(EXIT_NO)
+
+
+def _verdict(result: Any) -> str:
+    """The bottleneck sentence of a run, or why it does not fit."""
     from offsim.report.bottleneck import bottleneck
+
+    return bottleneck(result).sentence if result.feasible else f"does not fit: {result.metrics.infeasible_reason}"
+
+
+def _simulate_and_write(hardware: list[str], workload: list[str], strategy: list[str], iterations: int,
+                        warmup: int, out: Path, title: str | None, figures_dir: Path | None,
+                        quiet: bool) -> list[Any]:
+    """Simulate every combination (progress on stderr), write the page and the optional figures."""
+    from offsim import make_run_config, simulate
+    from offsim.errors import OffsimError
     from offsim.report.figures import run_labels, write_figures
     from offsim.report.html import write_report
     from offsim.report.progress import progress_bar
@@ -55,7 +100,6 @@ def report(
                 results.append(simulate(cfg))
             except OffsimError as exc:
                 fail(str(exc))
-                return
             advance()
         advance(0, "rendering the report")
         write_report(results, out, title)
@@ -64,13 +108,7 @@ def report(
                 if r.feasible:
                     write_figures(r, figures_dir / _slug(label))
         advance()
-    if not quiet:
-        for label, r in zip(run_labels(results), results, strict=True):
-            text = bottleneck(r).sentence if r.feasible else f"does not fit: {r.metrics.infeasible_reason}"
-            console.print(f"[bold]{label}[/]: {text}", highlight=False, soft_wrap=True)
-        console.print(f"report written to {out}", highlight=False, soft_wrap=True)
-    if not any(r.feasible for r in results):
-        raise typer.Exit(1)
+    return results
 
 
 def _slug(label: str) -> str:

@@ -3,15 +3,28 @@ model (:mod:`offsim.search.protrain`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-console = Console()
+from offsim.commands._common import (
+    DEFAULT_HARDWARE,
+    DEFAULT_WORKLOAD,
+    HardwareOpt,
+    IterationsOpt,
+    JsonOpt,
+    QuietOpt,
+    WarmupOpt,
+    WorkloadOpt,
+    check_out_file,
+    console,
+    fail,
+    print_json,
+    say,
+)
 
 
 def _summary(result: Any, hardware: str, workload: str) -> dict[str, Any]:  # a SearchResult
@@ -27,51 +40,56 @@ def _summary(result: Any, hardware: str, workload: str) -> dict[str, Any]:  # a 
             "base_reason": base.reason, "speedup": result.speedup, "candidates": counts}
 
 
-def _print(summary: dict[str, Any], result: Any) -> None:
-    t = Table(title=f"offsim tune (ProTrain search): {summary['workload']} on {summary['hardware']}")
+def _print(summary: dict[str, Any], result: Any, quiet: bool) -> None:
+    t = Table(title=escape(f"offsim tune (ProTrain search): {summary['workload']} on {summary['hardware']}"))
     t.add_column("")
     t.add_column("", justify="right")
     base_s = summary["base_iteration_time_s"]
-    t.add_row("chosen", summary["chosen"])
+    t.add_row("chosen", escape(summary["chosen"]))
     t.add_row("iteration time", f"{summary['iteration_time_s']:.4g} s")
-    t.add_row(f"base ({summary['base_strategy']})", f"{base_s:.4g} s" if base_s else summary["base_reason"])
+    t.add_row(escape(f"base ({summary['base_strategy']})"),
+              f"{base_s:.4g} s" if base_s else escape(str(summary["base_reason"])))
     if summary["speedup"] is not None:
         t.add_row("speedup over base", f"{summary['speedup']:.3f}x")
     c = summary["candidates"]
     t.add_row("candidates", f"{c['ok']} simulated, {c['infeasible']} infeasible, {c['pruned']} pruned")
     console.print(t)
+    if quiet:
+        return
     ranked = sorted((x for x in result.candidates if x.status == "ok"), key=lambda x: x.iteration_time_s)
     for x in ranked[:5]:
-        console.print(f"  {x.iteration_time_s:.4g} s  {x.label}", highlight=False)
+        say(f"  {x.iteration_time_s:.4g} s  {x.label}")
 
 
 def tune(
-    hardware: Annotated[str, typer.Option("--hardware", "-H", help="hardware profile name or YAML")] = "tiny",
-    workload: Annotated[str, typer.Option("--workload", "-w", help="workload name or YAML path")] = "tiny",
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    workload: WorkloadOpt = DEFAULT_WORKLOAD,
     base_strategy: Annotated[str, typer.Option(
-        "--base-strategy", "-s", help="baseline to beat; also supplies the fields ProTrain does not set")]
-    = "zero-infinity-cpu",
+        "--strategy", "--base-strategy", "-s",
+        help="baseline to beat; also supplies the fields ProTrain does not set")] = "zero-infinity-cpu",
     grid: Annotated[str, typer.Option(help="search grid: small or default")] = "default",
-    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
-    out: Annotated[Path | None, typer.Option(help="write the chosen strategy as YAML here")] = None,
+    as_json: JsonOpt = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="write the chosen strategy as YAML here")]
+    = None,
     csv: Annotated[Path | None, typer.Option(help="write every candidate (status, reason, time) as CSV")]
     = None,
-    iterations: Annotated[int, typer.Option(help="optimizer steps to simulate per candidate")] = 3,
-    warmup: Annotated[int, typer.Option(help="leading steps left out of the metrics")] = 1,
+    iterations: IterationsOpt = 3,
+    warmup: WarmupOpt = 1,
+    quiet: QuietOpt = False,
 ) -> None:
     """Search ProTrain's knobs (persistent chunks, prefetch depth, blocks that swap or recompute
     activations, CPU step overlap) by simulation; print the choice and its time against the base."""
     import yaml
 
-    from offsim.commands._common import fail
     from offsim.errors import OffsimError
     from offsim.search.protrain import search, tuned_strategy
 
+    check_out_file(out)
+    check_out_file(csv, "--csv")
     try:
         result = search(hardware, workload, base_strategy, grid, iterations=iterations, warmup=warmup)
     except OffsimError as exc:
         fail(str(exc))
-        return
     summary = _summary(result, hardware, workload)
     if out is not None:
         st = tuned_strategy(result, hardware, workload)
@@ -80,11 +98,11 @@ def tune(
     if csv is not None:
         result.table().to_csv(csv, index=False)
     if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+        print_json(summary)
         return
-    _print(summary, result)
+    _print(summary, result, quiet)
     if out is not None:
-        console.print(f"chosen strategy written to {out}")
+        say(f"chosen strategy written to {out}")
 
 
 def register(app: typer.Typer) -> None:

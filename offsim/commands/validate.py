@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-console = Console()
+from offsim.commands._common import (
+    DEFAULT_HARDWARE,
+    DEFAULT_WORKLOAD,
+    EXIT_NO,
+    HardwareOpt,
+    JsonOpt,
+    QuietOpt,
+    WorkloadOpt,
+    check_out_file,
+    console,
+    fail,
+    print_json,
+    say,
+    strict_json,
+)
 
 
 def _fmt(x: float | None) -> str:
@@ -19,82 +33,96 @@ def _fmt(x: float | None) -> str:
 
 
 def validate(
-    cases: Annotated[Path | None, typer.Option(help="cases YAML (default: the shipped validation/cases.yaml)")] = None,
-    csv: Annotated[Path | None, typer.Option(help="write the table as CSV here")] = None,
-    strict: Annotated[bool, typer.Option(help="exit 1 when a validation case misses its tolerance")] = False,
+    cases: Annotated[Path | None, typer.Option(
+        help="cases YAML (default: the shipped validation/cases.yaml)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", "--csv", help="write the table as CSV here (with --real: the report as JSON)")] = None,
+    strict: Annotated[bool, typer.Option(hidden=True, help="no effect: a miss always exits 1")] = False,
     real: Annotated[bool, typer.Option("--real", help="run the real offloaded trainer and compare")] = False,
-    hardware: Annotated[str, typer.Option("--hardware", "-H", help="(--real) the calibrated profile")] = "tiny",
-    workload: Annotated[str, typer.Option("--workload", "-w", help="(--real) block shape to train")] = "tiny",
-    layers: Annotated[int, typer.Option(help="(--real) blocks in the real model")] = 4,
-    device: Annotated[str, typer.Option(help="(--real) torch device: cuda, or cpu to check the mechanics")] = "cuda",
-    iterations: Annotated[int, typer.Option(help="(--real) timed iterations")] = 5,
-    out: Annotated[Path | None, typer.Option(help="(--real) write the report JSON here")] = None,
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    workload: WorkloadOpt = DEFAULT_WORKLOAD,
+    layers: Annotated[int, typer.Option(min=1, help="(--real) blocks in the real model")] = 4,
+    device: Annotated[str, typer.Option(
+        help="(--real) torch device: cuda, or cpu to check the mechanics")] = "cuda",
+    iterations: Annotated[int, typer.Option(min=1, help="(--real) timed iterations")] = 5,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
-    """Simulate each published case and print predicted vs measured with the error; with --real,
-    train for real (PyTorch) and compare per phase with the simulation of the same setup."""
-    import pandas as pd
-
+    """Simulate each published case and print predicted vs measured with the error (exit 1 when a
+    case misses its tolerance); with --real, train for real (PyTorch) on -H/-w and compare per phase
+    with the simulation of the same setup."""
+    check_out_file(out)
     if real:
         _validate_real(hardware, workload, layers, device, iterations, out)
         return
+    rows = _run_cases(cases)
+    if out is not None:
+        import pandas as pd
 
-    from offsim.commands._common import fail
+        pd.DataFrame(rows).to_csv(out, index=False)
+    misses = [r for r in rows if not r["within"]]
+    if as_json:
+        print_json({"cases": rows, "within": len(rows) - len(misses), "total": len(rows)})
+    else:
+        if not quiet:
+            console.print(_cases_table(rows))
+        say(f"{len(rows) - len(misses)} of {len(rows)} cases within tolerance "
+            f"({sum(r['role'] == 'calibration' for r in rows)} are calibration checks)"
+            + (f"; missed: {', '.join(r['id'] for r in misses)}" if misses else ""))
+    if misses:
+        raise typer.Exit(EXIT_NO)
+
+
+def _run_cases(cases: Path | None) -> list[dict[str, Any]]:
+    """Simulate every case of ``cases`` (default: the shipped file); a bad file exits 2."""
     from offsim.errors import OffsimError
     from offsim.validation import default_cases_path, load_cases, run_case
 
     try:
-        rows = [run_case(c) for c in load_cases(cases or default_cases_path())]
+        return [run_case(c) for c in load_cases(cases or default_cases_path())]
     except OffsimError as exc:
         fail(str(exc))
-        return
+
+
+def _cases_table(rows: list[dict[str, Any]]) -> Table:
+    """Predicted against measured, one row per case."""
     t = Table(title="offsim vs published measurements")
-    for col in ("case", "role", "metric", "measured", "predicted", "error", "tolerance", "ok"):
-        t.add_column(col, justify="right" if col in ("measured", "predicted", "error", "tolerance") else "left")
+    numeric = ("measured", "predicted", "error", "tolerance")
+    for col in ("case", "role", "metric", *numeric, "ok"):
+        t.add_column(col, justify="right" if col in numeric else "left")
     for r in rows:
         err = "-" if r["error"] is None else f"{100 * r['error']:+.1f}%"
         ok = "[green]yes[/]" if r["within"] else "[red]no[/]"
-        t.add_row(r["id"], r["role"], r["metric"], _fmt(r["measured"]), _fmt(r["predicted"]), err,
-                  f"±{100 * r['tolerance']:.0f}%", ok)
-    console.print(t)
-    misses = [r for r in rows if r["role"] == "validation" and not r["within"]]
-    console.print(f"{sum(r['within'] for r in rows)} of {len(rows)} cases within tolerance "
-                  f"({sum(r['role'] == 'calibration' for r in rows)} are calibration checks)")
-    if csv is not None:
-        pd.DataFrame(rows).to_csv(csv, index=False)
-    if strict and misses:
-        raise typer.Exit(1)
+        t.add_row(escape(r["id"]), r["role"], escape(r["metric"]), _fmt(r["measured"]), _fmt(r["predicted"]),
+                  err, f"±{100 * r['tolerance']:.0f}%", ok)
+    return t
 
 
 def _validate_real(hardware: str, workload: str, layers: int, device: str, iterations: int,
                    out: Path | None) -> None:
-    import json
-
     from offsim.calibrate.real_trainer import RealShape, run_real_training
-    from offsim.commands._common import fail
     from offsim.config.loading import load_profile, load_workload
     from offsim.errors import OffsimError
     from offsim.real_validation import TARGET_ERROR, compare, simulate_twin
 
     try:
-        import torch  # noqa: F401 - optional dependency, needed only here
+        import torch
     except ImportError:
         fail("--real needs PyTorch (pip install 'offsim[calibrate]')")
-        return
     try:
         profile, wl = load_profile(hardware), load_workload(workload)
         predicted = simulate_twin(profile, wl, layers)
     except OffsimError as exc:
         fail(str(exc))
-        return
     if not predicted.feasible:
-        fail(f"the simulated twin does not fit: {predicted.metrics.infeasible_reason}")
-    import torch
-
+        fail(f"the simulated twin does not fit: {predicted.metrics.infeasible_reason}", EXIT_NO)
     if device.startswith("cuda") and not torch.cuda.is_available():
         fail("no CUDA device: run on a GPU machine, or pass --device cpu to check the mechanics only")
-    measured = run_real_training(RealShape.from_workload(wl, layers=layers), device=device, iterations=iterations)
+    shape = RealShape.from_workload(wl, layers=layers)
+    measured = run_real_training(shape, device=device, iterations=iterations)
     rows = compare(measured, predicted)
-    t = Table(title=f"real vs simulated: {layers} blocks of {wl.name} on {device}, profile {profile.name}")
+    title = f"real vs simulated: {layers} blocks of {wl.name} on {device}, profile {profile.name}"
+    t = Table(title=escape(title))
     for col in ("phase", "measured s", "predicted s", "error"):
         t.add_column(col)
     for r in rows:
@@ -103,10 +131,13 @@ def _validate_real(hardware: str, workload: str, layers: int, device: str, itera
     console.print(t)
     it = rows[-1]["error"]
     verdict = "within" if it is not None and abs(it) <= TARGET_ERROR else "outside"
-    console.print(f"iteration time {verdict} the {TARGET_ERROR:.0%} target")
+    say(f"iteration time {verdict} the {TARGET_ERROR:.0%} target")
     if out is not None:
-        out.write_text(json.dumps({"hardware": profile.name, "workload": wl.name, "layers": layers,
-                                   "device": device, "rows": rows, "measured": measured}, indent=2, default=str))
+        doc = {"hardware": profile.name, "workload": wl.name, "layers": layers, "device": device,
+               "rows": rows, "measured": measured}
+        out.write_text(strict_json(doc) + "\n")
+    if verdict == "outside" and device.startswith("cuda"):  # on the CPU it checks the mechanics only
+        raise typer.Exit(EXIT_NO)
 
 
 def register(app: typer.Typer) -> None:
