@@ -291,12 +291,15 @@ def decision(table: pd.DataFrame) -> str:
     how far its bytes are from the lower bound."""
     clauses = []
     for (cache_gib, dram_gib), part in _budget_groups(table):
-        best = part.loc[part["iteration_time_s"].idxmin()]
-        worst = part.loc[part["iteration_time_s"].idxmax()]
+        part = part.sort_values(["iteration_time_s", "total_bytes"], kind="stable")
+        best, worst = part.iloc[0], part.iloc[-1]
         gain = worst["iteration_time_s"] - best["iteration_time_s"]
-        versus = (f", {gain:.3g} s faster than `{worst['variant']}`" if gain > 0 and len(part) > 1 else "")
-        clauses.append(f"with {_budget_words(cache_gib, dram_gib)}, `{best['variant']}` is fastest "
-                       f"({best['iteration_time_s']:.4g} s per iteration{versus}) and moves "
+        tied = part[part["iteration_time_s"] <= best["iteration_time_s"] * (1 + 1e-9)]["variant"]
+        fastest = (f"{', '.join(f'`{v}`' for v in tied)} tie as fastest" if len(tied) > 1
+                   else f"`{best['variant']}` is fastest")
+        versus = f", {gain:.3g} s faster than `{worst['variant']}`" if gain > 0 else ""
+        clauses.append(f"with {_budget_words(cache_gib, dram_gib)}, {fastest} "
+                       f"({best['iteration_time_s']:.4g} s per iteration{versus}); `{best['variant']}` moves "
                        f"{best['total_bytes'] / 1e9:.4g} GB per iteration, {_against_bound(best)}")
     if not clauses:
         return "No variant fits."

@@ -28,22 +28,44 @@ def test_help() -> None:
 def test_compare_writes_table_csv_and_chart(tmp_path) -> None:
     csv, html = tmp_path / "c.csv", tmp_path / "c.html"
     result = _invoke("compare", "-H", "tiny", "-w", "tiny", "-s", "zero-infinity-nvme",
-                     "--policies", "lru,belady,opt,keep-last-2,lru+alternating", "--dram-cache-gib", "0.4",
-                     "--csv", str(csv), "--html", str(html))
+                     "--policies", "lru,belady,belady-size,opt,keep-last-2,lru+alternating", "--dram-cache-gib",
+                     "0.4", "--csv", str(csv), "--html", str(html))
     assert result.exit_code == 0, result.output
     assert "keep-last-2" in result.output and "regret" in result.output
+    assert result.output.startswith("With the GPU parameter buffer at")  # the decision comes first
     table = pd.read_csv(csv)
-    assert list(table["variant"]) == ["lru", "belady", "opt", "keep-last-2", "lru+alternating"]
+    assert list(table["variant"]) == ["lru", "belady", "belady-size", "opt", "keep-last-2", "lru+alternating"]
     assert table["feasible"].all()
     for col in ("iteration_time_s", "stall_s", "h2d_bytes", "nvme_read_bytes", "hit_rate_gpu_params",
-                "hit_rate_dram_optimizer", "peak_gpu_bytes", "peak_host_bytes", "regret_bytes",
-                "regret_stall_s"):
+                "hit_rate_dram_optimizer", "peak_gpu_bytes", "peak_host_bytes", "total_bytes",
+                "lower_bound_bytes", "upper_bound_bytes", "regret_bytes", "bound_exact", "cache_gib",
+                "dram_cache_gib", "lower_bound_gpu_params_bytes", "regret_dram_optimizer_bytes"):
         assert col in table
-    opt = table.set_index("variant").loc["opt"]
-    assert opt["regret_bytes"] == 0 and opt["regret_stall_s"] == 0
     assert (table["regret_bytes"] >= 0).all()
+    assert (table["total_bytes"] >= table["lower_bound_bytes"]).all()
+    assert (table["regret_bytes"] == table["total_bytes"] - table["lower_bound_bytes"]).all()
     text = html.read_text()
-    assert "plotly" in text.lower() and "regret vs OPT" in text
+    assert "plotly" in text.lower() and "lower bound (any policy)" in text
+
+
+def test_curves_over_cache_size(tmp_path) -> None:
+    """A row per policy and size; LRU and the bound never move more with a larger buffer; the
+    chart has one line per policy plus the bounds."""
+    csv, html = tmp_path / "k.csv", tmp_path / "k.html"
+    result = _invoke("compare", "-H", "tiny", "-w", "tiny", "-s", "zero-infinity-cpu", "--policies",
+                     "lru,fifo,mru,belady", "--cache-gib", "0.05,0.1,0.2,0.4", "--csv", str(csv), "--html", str(html))
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(csv)
+    assert len(table) == 16 and sorted(table["cache_gib"].unique()) == pytest.approx([0.05, 0.1, 0.2, 0.4])
+    ok = table[table["feasible"]]
+    assert (ok["regret_bytes"] >= 0).all()
+    lru = ok[ok["variant"] == "lru"].sort_values("cache_gib")
+    assert lru["total_bytes"].is_monotonic_decreasing
+    bound = ok.groupby("cache_gib")["lower_bound_bytes"].first().sort_index()
+    assert bound.is_monotonic_decreasing
+    text = html.read_text()
+    assert "GPU parameter buffer (GiB)" in text and '"name":"fifo"' in text and "lower bound (any policy)" in text
+    assert "With the GPU parameter buffer at 0.05 GiB" in result.output
 
 
 def test_compare_strategies_as_they_are(tmp_path) -> None:
