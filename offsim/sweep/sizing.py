@@ -252,7 +252,34 @@ def size(
     """
     if goal.max_iteration_s is None and goal.min_tokens_per_s is None:
         raise ConfigError("give a target: --target-iteration-s or --target-tokens-per-s")
-    values = dict(values or {})
+    dims = _order_dims(_dimensions(vary, dict(values or {})))
+    plan = make_plan(hardware, workload, strategy, grid=dims, points=[], iterations=iterations, cost=cost,
+                     name="size", fixed=dict(fixed or {}))
+    search = _Search(plan, dims, goal, "size", prefilter)
+    search.objective = _choose_objective(objective, search)
+    largest = search.candidate(tuple(len(v) - 1 for v in dims.values()))
+    minimal = _minimal_points(search) if goal.met(largest.row) else []
+    answer = minimal[0] if minimal else None
+    steps = _steps_down(search, answer)
+    rows = [
+        {**r, "objective": search.cost(idx), "meets_target": goal.met(r)} for idx, r in search.rows.items()
+    ]
+    return Sizing(
+        answer,
+        _runner_up(minimal),
+        largest,
+        {k: steps[k] for k in vary if k in steps},
+        search.objective,
+        {k: dims[k] for k in vary},  # the user's order
+        goal,
+        rows_to_frame(rows, list(vary)),
+        math.prod(len(v) for v in dims.values()),
+        _notes(search, answer),
+    )
+
+
+def _dimensions(vary: Sequence[str], values: dict[str, Sequence[Any]]) -> dict[str, list[Any]]:
+    """Candidate values per searched dimension (given, else :data:`DEFAULT_VALUES`)."""
     dims: dict[str, list[Any]] = {}
     for key in vary:
         vals = values.get(key, DEFAULT_VALUES.get(key))
@@ -262,56 +289,28 @@ def size(
     unknown = set(values) - set(dims)
     if unknown:
         raise ConfigError(f"--values for {sorted(unknown)[0]!r}, which is not in --vary")
-    dims = _order_dims(dims)
-    plan = make_plan(
-        hardware,
-        workload,
-        strategy,
-        grid=dims,
-        points=[],
-        iterations=iterations,
-        cost=cost,
-        name="size",
-        fixed=dict(fixed or {}),
+    return dims
+
+
+def _runner_up(minimal: list[Candidate]) -> Candidate | None:
+    """The next minimal point that is not simply larger than the answer in every dimension."""
+    if not minimal:
+        return None
+    answer = minimal[0]
+    return next(
+        (c for c in minimal[1:] if not all(x >= y for x, y in zip(c.index, answer.index, strict=True))), None
     )
-    search = _Search(plan, dims, goal, "size", prefilter)
-    search.objective = _choose_objective(objective, search)
-    largest = search.candidate(tuple(len(v) - 1 for v in dims.values()))
-    minimal = _minimal_points(search) if goal.met(largest.row) else []
-    answer = minimal[0] if minimal else None
-    runner = (
-        next(
-            (c for c in minimal[1:] if not all(x >= y for x, y in zip(c.index, answer.index, strict=True))),
-            None,
-        )
-        if answer
-        else None
-    )
+
+
+def _steps_down(search: _Search, answer: Candidate | None) -> dict[str, Candidate | None]:
+    """Per dimension, the answer with that dimension one value smaller (None at the first value)."""
     steps: dict[str, Candidate | None] = {}
-    if answer is not None:
-        for d, key in enumerate(search.keys):
-            i = answer.index[d]
-            steps[key] = (
-                search.candidate((*answer.index[:d], i - 1, *answer.index[d + 1 :])) if i > 0 else None
-            )
-    rows = [
-        {**r, "objective": search.cost(idx), "meets_target": goal.met(r)} for idx, r in search.rows.items()
-    ]
-    notes = _notes(search, answer)
-    shown = {k: dims[k] for k in vary}  # the user's order
-    steps = {k: steps[k] for k in vary if k in steps}
-    return Sizing(
-        answer,
-        runner,
-        largest,
-        steps,
-        search.objective,
-        shown,
-        goal,
-        rows_to_frame(rows, list(vary)),
-        math.prod(len(v) for v in dims.values()),
-        notes,
-    )
+    if answer is None:
+        return steps
+    for d, key in enumerate(search.keys):
+        i = answer.index[d]
+        steps[key] = search.candidate((*answer.index[:d], i - 1, *answer.index[d + 1 :])) if i > 0 else None
+    return steps
 
 
 def _notes(search: _Search, answer: Candidate | None) -> list[str]:
