@@ -64,7 +64,7 @@ SLACK = 1e-9
 #: feasibility tolerance is 1e-7 on data scaled to the largest tensor).
 EXACT_RTOL = 1e-6
 #: Above this many intervals the flow gives way to the PFOO-L relaxation.
-MAX_FLOW_INTERVALS = 200_000
+MAX_FLOW_INTERVALS = 10_000
 
 
 class BoundMethod(StrEnum):
