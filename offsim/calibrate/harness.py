@@ -264,17 +264,7 @@ def run_calibration(
     Raises:
         ConfigError: a bad ``name``, unknown ``parts``, or an output folder that cannot be written.
     """
-    if not NAME_RE.match(name):
-        raise ConfigError(
-            f"profile name '{name}': use lower-case letters, digits, '.', '_' and '-', "
-            "starting with a letter or digit"
-        )
-    wanted = set(PARTS if parts is None else parts)
-    unknown = wanted - set(PARTS)
-    if unknown:
-        raise ConfigError(
-            f"unknown calibration part(s): {', '.join(sorted(unknown))} (choose from {', '.join(PARTS)})"
-        )
+    wanted = _check_request(name, parts)
     settings = settings or CalibrationSettings.preset(quick)
     out_dir = Path(out_dir)
     try:
@@ -288,6 +278,55 @@ def run_calibration(
         f"calibrating {system['host']} ({'quick' if settings.quick else 'full'} mode): "
         f"{', '.join(p for p in PARTS if p in wanted)}"
     )
+    results = _run_parts(wanted, settings, nvme_dir, rep)
+    fits = summarize(results, settings, base_profile, rep)
+    build = build_profile(name, fits=fits, parts=results, system=system, base=base_profile, settings=settings)
+    for m in build.messages:
+        rep.warn(m)
+
+    files = write_tables(out_dir, results)
+    profile, profile_path = _write_profile(out_dir, name, build, base_profile, rep)
+    if profile_path is not None:
+        files.append(profile_path)
+    kept = profile_path if profile is not None else None  # a profile that does not reload is not kept
+    fits_doc = _fits_document(name, system, settings, base_profile, results, fits, build, kept, rep)
+    files.append(write_json(out_dir / "fits.json", fits_doc))
+    for line in (f"wrote {p}" for p in files):
+        rep.say(line)
+    return CalibrationReport(
+        out_dir=out_dir,
+        name=name,
+        profile=profile,
+        profile_path=kept,
+        complete=profile is not None,
+        parts=results,
+        fits=fits_doc,
+        files=files,
+        messages=rep.messages,
+        origins=build.origins,
+    )
+
+
+def _check_request(name: str, parts: Collection[str] | None) -> set[str]:
+    """The parts to run; a bad profile name or an unknown part is a :class:`ConfigError`."""
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            f"profile name '{name}': use lower-case letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    wanted = set(PARTS if parts is None else parts)
+    unknown = wanted - set(PARTS)
+    if unknown:
+        raise ConfigError(
+            f"unknown calibration part(s): {', '.join(sorted(unknown))} (choose from {', '.join(PARTS)})"
+        )
+    return wanted
+
+
+def _run_parts(
+    wanted: set[str], settings: CalibrationSettings, nvme_dir: Path | None, rep: Reporter
+) -> dict[str, PartResult]:
+    """Run each wanted part; one that raises is recorded as failed and the others still run."""
     runners = {
         "gpu": lambda: gpu_mod.run_gpu_part(settings, rep),
         "cpu": lambda: cpu_mod.run_cpu_part(settings, rep),
@@ -303,34 +342,46 @@ def run_calibration(
         except Exception as exc:  # a part's bug must not lose the others' results
             results[p] = PartResult(p, status="failed")
             rep.warn(f"{p} part failed: {type(exc).__name__}: {exc}", results[p])
+    return results
 
-    fits = summarize(results, settings, base_profile, rep)
-    build = build_profile(name, fits=fits, parts=results, system=system, base=base_profile, settings=settings)
-    for m in build.messages:
-        rep.warn(m)
 
-    files = write_tables(out_dir, results)
-    profile_path: Path | None = None
-    profile = None
+def _write_profile(
+    out_dir: Path, name: str, build: Any, base_profile: HardwareProfile | None, rep: Reporter
+) -> tuple[HardwareProfile | None, Path | None]:
+    """Write ``<name>.yaml`` when a complete profile was built and reload it; else say why not.
+
+    Returns the reloaded profile (None when it does not load) and the file written (None when none).
+    """
     if build.profile is not None:
-        profile_path = write_profile_yaml(out_dir / f"{name}.yaml", build.data)
-        files.append(profile_path)
-        profile = _reload(profile_path, rep)
-        if profile is None:
-            profile_path = None
-    else:
-        why = f"missing {', '.join(build.missing)}" if build.missing else "it does not validate"
-        hint = (
-            "; the GPU was not measured and no base profile was given: pass a base profile for the GPU fields"
-            if any(m.startswith(("gpu.", "host_link.")) for m in build.missing) and base_profile is None
-            else ""
-        )
-        rep.warn(
-            f"No complete profile could be written ({why}){hint}. Raw measurements and fits.json "
-            f"are in {out_dir}."
-        )
+        path = write_profile_yaml(out_dir / f"{name}.yaml", build.data)
+        return _reload(path, rep), path
+    why = f"missing {', '.join(build.missing)}" if build.missing else "it does not validate"
+    hint = (
+        "; the GPU was not measured and no base profile was given: pass a base profile for the GPU fields"
+        if any(m.startswith(("gpu.", "host_link.")) for m in build.missing) and base_profile is None
+        else ""
+    )
+    rep.warn(
+        f"No complete profile could be written ({why}){hint}. Raw measurements and fits.json "
+        f"are in {out_dir}."
+    )
+    return None, None
 
-    fits_doc = {
+
+def _fits_document(
+    name: str,
+    system: dict[str, Any],
+    settings: CalibrationSettings,
+    base_profile: HardwareProfile | None,
+    results: dict[str, PartResult],
+    fits: dict[str, Any],
+    build: Any,
+    profile_path: Path | None,
+    rep: Reporter,
+) -> dict[str, Any]:
+    """The content of ``fits.json``: settings, machine, per-part status, fits and the profile's fate."""
+    written = profile_path is not None
+    return {
         "offsim_version": system["offsim"],
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "name": name,
@@ -342,29 +393,14 @@ def run_calibration(
         },
         "fits": fits,
         "profile": {
-            "written": profile_path is not None,
+            "written": written,
             "path": profile_path,
             "missing": build.missing,
             "origins": build.origins,
-            "partial_profile": build.data if profile_path is None else None,
+            "partial_profile": build.data if not written else None,
         },
         "messages": rep.messages,
     }
-    files.append(write_json(out_dir / "fits.json", fits_doc))
-    for line in (f"wrote {p}" for p in files):
-        rep.say(line)
-    return CalibrationReport(
-        out_dir=out_dir,
-        name=name,
-        profile=profile,
-        profile_path=profile_path,
-        complete=profile is not None,
-        parts=results,
-        fits=fits_doc,
-        files=files,
-        messages=rep.messages,
-        origins=build.origins,
-    )
 
 
 def _reload(path: Path, rep: Reporter) -> HardwareProfile | None:
