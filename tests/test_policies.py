@@ -311,7 +311,7 @@ def test_orders() -> None:
 
 # ---------------------------------------------------------------- configuration
 def test_unknown_kind_lists_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match="'lru', 'fifo', 'mru', 'lfu', 'belady', 'opt', 'static'"):
+    with pytest.raises(ValueError, match="'lru', 'fifo', 'mru', 'lfu', 'belady', 'belady-size', 'opt', 'static'"):
         Strategy.model_validate({"name": "x", "provenance": TEST_PROVENANCE.model_dump(),
                                  "policies": {"eviction": {"kind": "lruu"}}})
 
