@@ -258,55 +258,9 @@ def run_cpu_part(settings: CalibrationSettings, rep: Reporter) -> PartResult:
     facts = cpu_facts()
     part.info = {"cpu": facts}
     threads = settings.memcpy_threads or facts.get("affinity_cpus") or os.cpu_count() or 1
-    n = settings.cpu_optimizer_params
-    avail = available_memory_bytes()
-    if avail is not None and n * 20 > 0.5 * avail:  # param + grad + 2 moments + scratch, fp32
-        n2 = max(settings.cpu_optimizer_chunk, int(0.5 * avail / 20))
-        rep.warn(
-            f"CPU optimizer measured on {n2:,} parameters instead of {n:,}: not enough free host memory", part
-        )
-        n = n2
+    n = _optimizer_params(settings, part, rep)
     chunk = min(settings.cpu_optimizer_chunk, n)
-    torch, why = _load_torch()
-    steps: list[tuple[str, Any]] = []
-    if torch is None:
-        rep.warn(
-            f"CPU optimizer: {why}; measuring a numpy AdamW instead (optimizer_impl 'numpy-adamw', "
-            "slower than torch or DeepSpeed CPU-Adam)",
-            part,
-        )
-        steps.append(
-            (
-                "numpy AdamW",
-                lambda: measure_numpy_adamw(n, chunk, settings.cpu_optimizer_steps, threads, part, rep),
-            )
-        )
-    else:
-        part.info["torch_threads"] = torch.get_num_threads()
-        with contextlib.suppress(Exception):
-            part.info["simd"] = torch.backends.cpu.get_cpu_capability()
-        if settings.cpu_threads:
-            torch.set_num_threads(settings.cpu_threads)
-        steps.append(
-            (
-                "torch AdamW",
-                lambda: measure_torch_adamw(torch, n, chunk, settings.cpu_optimizer_steps, part, rep),
-            )
-        )
-        if settings.try_deepspeed:
-            cls, ds_why = load_deepspeed_cpu_adam()
-            if cls is None:
-                part.info["deepspeed_cpu_adam"] = f"not measured ({ds_why})"
-                rep.say(f"[cpu] DeepSpeed CPU-Adam not measured ({ds_why})")
-            else:
-                steps.append(
-                    (
-                        "DeepSpeed CPU-Adam",
-                        lambda: measure_deepspeed_adam(
-                            torch, cls, n, chunk, settings.cpu_optimizer_steps, part, rep
-                        ),
-                    )
-                )
+    steps = _optimizer_steps(settings, n, chunk, threads, part, rep)
     steps.append(
         ("memcpy", lambda: measure_memcpy(settings.memcpy_bytes, settings.memcpy_repeats, threads, part, rep))
     )
@@ -319,3 +273,48 @@ def run_cpu_part(settings: CalibrationSettings, rep: Reporter) -> PartResult:
     if not part.rows("cpu"):
         part.status = "failed"
     return part
+
+
+def _optimizer_params(settings: CalibrationSettings, part: PartResult, rep: Reporter) -> int:
+    """Parameters to time the optimizer on: the setting, or fewer when free host memory is short."""
+    n = settings.cpu_optimizer_params
+    avail = available_memory_bytes()
+    if avail is not None and n * 20 > 0.5 * avail:  # param + grad + 2 moments + scratch, fp32
+        n2 = max(settings.cpu_optimizer_chunk, int(0.5 * avail / 20))
+        rep.warn(
+            f"CPU optimizer measured on {n2:,} parameters instead of {n:,}: not enough free host memory", part
+        )
+        n = n2
+    return n
+
+
+def _optimizer_steps(
+    settings: CalibrationSettings, n: int, chunk: int, threads: int, part: PartResult, rep: Reporter
+) -> list[tuple[str, Any]]:
+    """The optimizer measurements to run: torch AdamW (and DeepSpeed CPU-Adam), else a numpy AdamW."""
+    torch, why = _load_torch()
+    if torch is None:
+        rep.warn(
+            f"CPU optimizer: {why}; measuring a numpy AdamW instead (optimizer_impl 'numpy-adamw', "
+            "slower than torch or DeepSpeed CPU-Adam)",
+            part,
+        )
+        return [("numpy AdamW",
+                 lambda: measure_numpy_adamw(n, chunk, settings.cpu_optimizer_steps, threads, part, rep))]
+    part.info["torch_threads"] = torch.get_num_threads()
+    with contextlib.suppress(Exception):
+        part.info["simd"] = torch.backends.cpu.get_cpu_capability()
+    if settings.cpu_threads:
+        torch.set_num_threads(settings.cpu_threads)
+    steps: list[tuple[str, Any]] = [
+        ("torch AdamW", lambda: measure_torch_adamw(torch, n, chunk, settings.cpu_optimizer_steps, part, rep))
+    ]
+    if settings.try_deepspeed:
+        cls, ds_why = load_deepspeed_cpu_adam()
+        if cls is None:
+            part.info["deepspeed_cpu_adam"] = f"not measured ({ds_why})"
+            rep.say(f"[cpu] DeepSpeed CPU-Adam not measured ({ds_why})")
+        else:
+            steps.append(("DeepSpeed CPU-Adam", lambda: measure_deepspeed_adam(
+                torch, cls, n, chunk, settings.cpu_optimizer_steps, part, rep)))
+    return steps
