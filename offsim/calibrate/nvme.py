@@ -238,6 +238,32 @@ def _drop_cache(fd: int) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+def _block_limit(region_bytes: int, block: int, total_bytes: float, wrap: bool) -> tuple[int, float]:
+    """Blocks in the region, and how many requests to issue in all (``inf``: until the deadline)."""
+    blocks = region_bytes // block
+    if blocks < 1:
+        raise ValueError(f"region of {region_bytes} B is smaller than one {block} B block")
+    limit: float = math.inf if wrap else blocks
+    if math.isfinite(total_bytes):
+        limit = min(limit, max(1, int(total_bytes // block)))
+    return blocks, limit
+
+
+def _sample_windows(
+    futures: list[Any], done: list[int], t0: float, window_s: float
+) -> list[tuple[float, float, int]]:
+    """Bytes done per ``window_s`` window, sampled until every worker has returned."""
+    windows: list[tuple[float, float, int]] = []
+    last_t, last_b, k = t0, 0, 1
+    while not all(f.done() for f in futures):
+        time.sleep(max(0.0, t0 + k * window_s - time.perf_counter()))
+        k += 1
+        now, total = time.perf_counter(), sum(done)
+        windows.append((last_t - t0, now - t0, total - last_b))
+        last_t, last_b = now, total
+    return windows
+
+
 def run_io(
     fd: int,
     op: str,
@@ -262,11 +288,7 @@ def run_io(
         ``bytes``, ``time_s`` and, with ``window_s``, ``windows``: consecutive
         (start_s, end_s, bytes) samples of the bytes done.
     """
-    blocks = region_bytes // block
-    if blocks < 1:
-        raise ValueError(f"region of {region_bytes} B is smaller than one {block} B block")
-    limit = math.inf if wrap else blocks
-    limit = min(limit, max(1, int(total_bytes // block))) if math.isfinite(total_bytes) else limit
+    blocks, limit = _block_limit(region_bytes, block, total_bytes, wrap)
     pattern = secrets.token_bytes(min(block, MiB))
     bufs = [_aligned_buffer(block, pattern if op == "write" else None) for _ in range(qd)]
     done = [0] * qd
@@ -304,13 +326,7 @@ def run_io(
         with ThreadPoolExecutor(qd) as pool:
             futures = [pool.submit(worker, i) for i in range(qd)]
             if window_s:
-                last_t, last_b, k = t0, 0, 1
-                while not all(f.done() for f in futures):
-                    time.sleep(max(0.0, t0 + k * window_s - time.perf_counter()))
-                    k += 1
-                    now, total = time.perf_counter(), sum(done)
-                    windows.append((last_t - t0, now - t0, total - last_b))
-                    last_t, last_b = now, total
+                windows = _sample_windows(futures, done, t0, window_s)
             for f in futures:
                 f.result()
         if op == "write" and sync:
