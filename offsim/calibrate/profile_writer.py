@@ -277,6 +277,69 @@ def _nvme_fields(
         b.origins.pop("nvme.post_cache_write_gb_per_s", None)
 
 
+def _tool(system: dict[str, Any], parts: dict[str, PartResult]) -> str:
+    """The provenance ``tool``: offsim's version and the library and driver versions measured with."""
+    gpu = parts.get("gpu")
+    driver = gpu.info.get("driver_version") if gpu else None
+    return (
+        f"offsim {offsim.__version__} calibrate (numpy {system.get('numpy')}, torch {system.get('torch')}, "
+        f"CUDA {system.get('torch_cuda')}" + (f", driver {driver}" if driver else "") + ")"
+    )
+
+
+def _provenance_notes(
+    b: ProfileBuild, fits: dict[str, Any], parts: dict[str, PartResult], settings: CalibrationSettings,
+    msgs: list[str],
+) -> list[str]:
+    """Where each field came from, the device, the settings, the optimizer measured, the warnings."""
+    notes = [f"{origin}: {_compact(paths, b.origins)}" for origin, paths in b.by_origin().items()]
+    gpu_info = parts["gpu"].info if parts.get("gpu") else {}
+    if gpu_info.get("name"):
+        notes.append(
+            f"device: {gpu_info['name']} ({gpu_info.get('total_memory', 0) / GiB:.1f} GiB, "
+            f"copy engines {gpu_info.get('copy_engines', '?')})"
+        )
+    notes.append(
+        f"settings: {'quick' if settings.quick else 'full'} mode; statistics are medians of repeats; "
+        "dram.bandwidth_gb_per_s = 2 x the best np.copyto rate (read + write, STREAM copy convention)"
+    )
+    best = best_optimizer(fits.get("cpu", {}))
+    if best is not None and b.origins.get("cpu.optimizer_params_per_s") == "measured":
+        impl = best[0]
+        opt = fits["cpu"]["optimizer"][impl]
+        notes.append(
+            f"cpu.optimizer_params_per_s: {impl}, fp32, {opt['params']:,} params, {opt['threads']} threads"
+            + (
+                " (PyTorch was missing: a numpy AdamW, slower than torch or DeepSpeed CPU-Adam)"
+                if impl == "numpy-adamw"
+                else ""
+            )
+        )
+    return notes + msgs
+
+
+def _provenance(
+    b: ProfileBuild, fits: dict[str, Any], parts: dict[str, PartResult], system: dict[str, Any],
+    base: HardwareProfile | None, settings: CalibrationSettings, msgs: list[str], date: str,
+) -> dict[str, Any]:
+    """The profile's ``provenance`` block: measured or mixed, sources, tool, host, notes."""
+    by = b.by_origin()
+    host = system.get("host", "unknown")
+    source = f"offsim calibrate on host {host}"
+    if "base" in by and base is not None:
+        source += f"; fields not measured come from base profile '{base.name}' ({base.provenance.source})"
+    if "datasheet" in by:
+        source += "; peak TFLOPS from datasheet table in offsim.calibrate.gpu (hardware_facts.md section 1.1)"
+    return {
+        "kind": "mixed" if set(by) - {"measured", "derived"} else "measured",
+        "source": source,
+        "date": date,
+        "tool": _tool(system, parts),
+        "host": host,
+        "notes": "\n".join(_provenance_notes(b, fits, parts, settings, msgs)),
+    }
+
+
 def build_profile(
     name: str,
     *,
@@ -304,62 +367,14 @@ def build_profile(
     b.missing = [p for p in REQUIRED if b.get(p) is None]
     if b.get("nvme") is not None:
         b.missing += [p for p in NVME_REQUIRED if b.get(p) is None]
-    by = b.by_origin()
     date = date or _dt.date.today().isoformat()
     host = system.get("host", "unknown")
-    tool = (
-        f"offsim {offsim.__version__} calibrate (numpy {system.get('numpy')}, torch {system.get('torch')}, "
-        f"CUDA {system.get('torch_cuda')}"
-        + (
-            f", driver {parts['gpu'].info.get('driver_version')}"
-            if parts.get("gpu") and parts["gpu"].info.get("driver_version")
-            else ""
-        )
-        + ")"
-    )
-    notes = [f"{origin}: {_compact(paths, b.origins)}" for origin, paths in by.items()]
-    gpu_info = parts["gpu"].info if parts.get("gpu") else {}
-    if gpu_info.get("name"):
-        notes.append(
-            f"device: {gpu_info['name']} ({gpu_info.get('total_memory', 0) / GiB:.1f} GiB, "
-            f"copy engines {gpu_info.get('copy_engines', '?')})"
-        )
-    notes.append(
-        f"settings: {'quick' if settings.quick else 'full'} mode; statistics are medians of repeats; "
-        "dram.bandwidth_gb_per_s = 2 x the best np.copyto rate (read + write, STREAM copy convention)"
-    )
-    best = best_optimizer(fits.get("cpu", {}))
-    if best is not None and b.origins.get("cpu.optimizer_params_per_s") == "measured":
-        impl = best[0]
-        opt = fits["cpu"]["optimizer"][impl]
-        notes.append(
-            f"cpu.optimizer_params_per_s: {impl}, fp32, {opt['params']:,} params, {opt['threads']} threads"
-            + (
-                " (PyTorch was missing: a numpy AdamW, slower than torch or DeepSpeed CPU-Adam)"
-                if impl == "numpy-adamw"
-                else ""
-            )
-        )
-    notes += msgs
-    non_measured = set(by) - {"measured", "derived"}
-    source = f"offsim calibrate on host {host}"
-    if "base" in by and base is not None:
-        source += f"; fields not measured come from base profile '{base.name}' ({base.provenance.source})"
-    if "datasheet" in by:
-        source += "; peak TFLOPS from datasheet table in offsim.calibrate.gpu (hardware_facts.md section 1.1)"
     b.data = {
         "schema_version": 1,
         "name": name,
         "description": f"Measured by offsim calibrate on {host} ({date})"
         + (f", base profile {base.name}" if base is not None else ""),
-        "provenance": {
-            "kind": "mixed" if non_measured else "measured",
-            "source": source,
-            "date": date,
-            "tool": tool,
-            "host": host,
-            "notes": "\n".join(notes),
-        },
+        "provenance": _provenance(b, fits, parts, system, base, settings, msgs, date),
         **{k: v for k, v in b.data.items()},
     }
     b.data = _drop_none(b.data)
