@@ -172,8 +172,8 @@ class PoolBackend(Backend):
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     items = pending.pop(fut)
-                    exc = fut.exception()
-                    yield items, (exc if exc is not None else fut.result())
+                    err = fut.exception()
+                    yield items, (err if err is not None else fut.result())
         finally:
             for fut in pending:
                 fut.cancel()
