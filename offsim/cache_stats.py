@@ -151,7 +151,8 @@ def _replays(problem: Problem, sequence: list[int], sizes: dict[int, float],
         cache = Cache("bound", policy, sequence, sizes, capacity_bytes)
         hits = []
         for k in range(len(sequence)):
-            hits.append(cache.serve(k).hit)
+            served = cache.serve(k)  # a due access is served or raises, never None
+            hits.append(served is not None and served.hit)
             cache.done(k)
         out.append(kept_intervals(problem, hits, cache.resident))
     return out
