@@ -356,7 +356,8 @@ def rok_curve(hardware: HardwareProfile | str, workload: Workload | str, base: S
     """
     cfg0 = make_run_config(hardware, workload, base, iterations=iterations, warmup_iterations=warmup)
     n_blocks = cfg0.workload.model.layers
-    placements = [("recompute", {"recompute": None}), ("offload-cpu", {"offload": None, "tier": "cpu"})]
+    placements: list[tuple[str, dict[str, str | None]]] = [
+        ("recompute", {"recompute": None}), ("offload-cpu", {"offload": None, "tier": "cpu"})]
     if cfg0.hardware.nvme is not None:
         placements.append(("offload-nvme", {"offload": None, "tier": "nvme"}))
     keep = _rok_run(cfg0.hardware, cfg0.workload, base, {"kind": "keep"}, iterations, warmup)
