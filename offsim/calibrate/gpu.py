@@ -384,7 +384,7 @@ def _tf32(torch: Any, allow: bool):
     if hasattr(m, "fp32_precision"):
         attr, value = "fp32_precision", ("tf32" if allow else "ieee")
     else:
-        attr, value = "allow_tf32", allow
+        attr, value = "allow_tf32", allow  # type: ignore[assignment]
     old = getattr(m, attr)
     setattr(m, attr, value)
     try:
@@ -436,7 +436,7 @@ def measure_gemm(
             with ctx:
                 for i in range(warmup + repeats):
                     flush.zero_()
-                    t = timed(torch, device, lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))
+                    t = timed(torch, device, lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))  # type: ignore[misc]
                     if i >= warmup:
                         samples.append(t)
                         rows.append(

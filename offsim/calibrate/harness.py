@@ -93,14 +93,14 @@ def _resolve_peak(
     settings: CalibrationSettings, base: HardwareProfile | None, device: str | None
 ) -> tuple[dict[str, float] | None, str | None]:
     if settings.peak_tflops:
-        return dict(settings.peak_tflops), "given"
+        return {str(k): v for k, v in settings.peak_tflops.items()}, "given"
     if base is not None and device and base.gpu.model == device:
-        return dict(base.gpu.peak_tflops), "base"
+        return {str(k): v for k, v in base.gpu.peak_tflops.items()}, "base"
     table = gpu_mod.known_peak_tflops(device) if device else None
     if table:
         return table, "datasheet"
     if base is not None:
-        return dict(base.gpu.peak_tflops), "base"
+        return {str(k): v for k, v in base.gpu.peak_tflops.items()}, "base"
     return None, None
 
 

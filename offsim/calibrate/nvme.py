@@ -515,8 +515,8 @@ def _measure(
     direct = tf.direct
     layout_block = max(settings.nvme_block_sizes)
     rep.say(f"[nvme] writing the {fmt_bytes(size)} test file ({'O_DIRECT' if direct else 'buffered'})")
-    res = run_io(tf.fd, "write", layout_block, 4, size, size, math.inf, direct=direct)
-    rows.append(_row("layout", "write", layout_block, 4, res, "offsim", direct))
+    layout = run_io(tf.fd, "write", layout_block, 4, size, size, math.inf, direct=direct)
+    rows.append(_row("layout", "write", layout_block, 4, layout, "offsim", direct))
     use_fio = settings.use_fio and shutil.which("fio") is not None
     fio_failed = False
     point_bytes = min(size, settings.nvme_point_bytes) if direct else size

@@ -186,7 +186,7 @@ def _host_link_fields(b: ProfileBuild, fits: dict[str, Any], gpu: PartResult | N
                 "latency_us": sig(fit["latency_us"]),
             }
             if len(pts) >= 2:
-                curve["points"] = pts
+                curve["points"] = pts  # type: ignore[assignment]
             b.set(f"host_link.{d}.{m}", curve, "measured")
             measured_any = True
         pin = b.get(f"host_link.{d}.pinned.bandwidth_gb_per_s")

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from offsim.config.base import Frozen, Provenance
-from offsim.units import GB, GiB, TFLOPS, US
+from offsim.units import GB, TFLOPS, US, GiB
 
 DType = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 #: An ``[x, y]`` pair in a data file (YAML has no tuples).

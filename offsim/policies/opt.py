@@ -128,7 +128,7 @@ def optimal_plan(sequence: Sequence[int], sizes: Mapping[int, float], capacity_b
         return OptimalPlan(fetched, frozenset(), sub.minority, sub.exact)
     minority = _minority(seq, sizes)
     nxt = _next_positions(seq)
-    gaps = [p for p, t in enumerate(seq) if t in minority and nxt[p] is not None and nxt[p] > p + 1]
+    gaps = [p for p, t in enumerate(seq) if t in minority and (n := nxt[p]) is not None and n > p + 1]
     exact = len(gaps) <= MAX_CHOICES
     best: tuple[float, list[float], frozenset[int]] | None = None
     for drop in _choices(seq, gaps, minority, exact):

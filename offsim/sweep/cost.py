@@ -43,7 +43,7 @@ def capex_usd(hw: HardwareProfile) -> float | None:
         parts.append((hw.nvme.price_usd, hw.nvme.drives))
     if any(price is None for price, _ in parts):
         return None
-    return t.nodes * sum(price * n for price, n in parts)  # type: ignore[operator]
+    return t.nodes * sum(price * n for price, n in parts)  # type: ignore[operator,misc]
 
 
 def power_w(hw: HardwareProfile) -> float | None:
@@ -58,7 +58,7 @@ def power_w(hw: HardwareProfile) -> float | None:
         parts.append((hw.nvme.power_w, hw.nvme.drives))
     if any(p is None for p, _ in parts):
         return None
-    return t.nodes * sum(p * n for p, n in parts)  # type: ignore[operator]
+    return t.nodes * sum(p * n for p, n in parts)  # type: ignore[operator,misc]
 
 
 def usd_per_hour(hw: HardwareProfile, assumptions: CostAssumptions) -> tuple[float | None, str]:

@@ -308,7 +308,7 @@ def _apply_block(hw: dict[str, Any], axis: Axis, value: Any, lib: Library) -> No
     if isinstance(value, dict):
         new = copy.deepcopy(value)
     elif isinstance(value, str):
-        new = copy.deepcopy(lib.get("hardware", value, axis.key).get(block))
+        new = copy.deepcopy(lib.get("hardware", value, axis.key).get(block))  # type: ignore[arg-type]
         if new is None:
             raise OverrideError(f"axis '{axis.key}': hardware profile '{value}' has no {block} block")
     else:
@@ -420,9 +420,9 @@ def build_run_config(
         if cache is not None and section not in {resolve_axis(k).section for k in overrides}:
             cache[key] = models[section]
     run = dict(sections["run"])
-    if models["strategy"].delayed_param_update:  # as make_run_config: DPU needs one more step
+    if models["strategy"].delayed_param_update:  # type: ignore[attr-defined]  # as make_run_config: DPU needs one more step
         run["iterations"] = max(run["iterations"], run["warmup_iterations"] + 2)
     try:
-        return RunConfig(**models, **run)
+        return RunConfig(**models, **run)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise OverrideError(validation_message("run", exc, overrides)) from None

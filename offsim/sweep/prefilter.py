@@ -46,7 +46,9 @@ class Frontier:
         out = cls()
         for g, items in by_group.items():
             items.sort(key=lambda x: (x[0], -x[1], x[2]))
-            costs, best, ids = [], [], []
+            costs: list[float] = []
+            best: list[float] = []
+            ids: list[str] = []
             for cost, tps, pid in items:  # keep the staircase corners: where the best tokens/s rises
                 if not best or tps > best[-1]:
                     costs.append(cost)

@@ -233,7 +233,7 @@ def _check_conflicts(axes: list[Axis]) -> None:
             continue
         wa, wb = a.writes, b.writes
         if wa[: len(wb)] == wb or wb[: len(wa)] == wa:
-            raise ConfigError(f"axes '{a.key}' and '{b.key}' both set {'.'.join(min(wa, wb, key=len))}")
+            raise ConfigError(f"axes '{a.key}' and '{b.key}' both set {'.'.join(wa if len(wa) <= len(wb) else wb)}")
 
 
 def count_points(grid: Mapping[str, list[Any]], points: list[Any]) -> int:
