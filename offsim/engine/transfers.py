@@ -1,20 +1,6 @@
 """The shared resources of one rank and the transfers over them.
 
-Resources (capacities per simulated rank; node-shared ones divided among the node's ranks,
-which run the same schedule, so each gets an equal share when all are busy):
-
-=============  =========================================================  ==================
-resource       capacity                                                    used by
-=============  =========================================================  ==================
-h2d / d2h      the GPU's own PCIe (or C2C) rate per direction              host<->GPU copies
-switch_h2d/d2h uplink rate / GPUs behind the switch                        host<->GPU copies
-dram           DRAM bandwidth / ranks per node                             DMA, copies, CPU Adam
-memcpy         host copy bandwidth / ranks per node                        pageable staging, casts
-cpu            optimizer params/s / ranks per node                         CPU Adam
-nvme           1 / ranks per node (share of the array's time)              NVMe reads and writes
-pfs_read/write PFS node rate per direction / ranks per node                optimizer state striped
-gpu_link_tx/rx GPU-GPU link per direction                                  all-gather, reduce-scatter
-=============  =========================================================  ==================
+Resources and their capacities per rank: :mod:`offsim.plan.paths` (the one place that defines them).
 
 Every transfer is a generator for ``yield from``; it acquires a copy engine when it is a DMA.
 
@@ -35,6 +21,7 @@ import simpy
 from offsim.config.hardware import TransferCurve
 from offsim.config.run import RunConfig
 from offsim.engine.flows import FlowNetwork
+from offsim.plan import paths
 from offsim.plan.footprint import StateSizes
 
 _UNCAPPED = 1e30  # bytes/s: a flow limited only by the resources it uses
@@ -43,46 +30,9 @@ OPTIMIZER_IO_KINDS = ("optimizer_swap_in", "optimizer_swap_out")
 
 
 def resource_capacities(cfg: RunConfig, sz: StateSizes) -> dict[str, float]:
-    """Capacity of each resource for one simulated rank."""
-    hw = cfg.hardware
-    n = sz.ranks_per_node
-    link = hw.host_link
-    cap = {
-        "h2d": link.h2d.pinned.peak_bytes_per_s,
-        "d2h": link.d2h.pinned.peak_bytes_per_s,
-        "dram": hw.dram.bandwidth_bytes_per_s / n,
-        "memcpy": hw.cpu.memcpy_bytes_per_s / n,
-        "cpu": hw.cpu.optimizer_params_per_s / n,
-    }
-    if hw.nvme is not None:
-        cap["nvme"] = 1.0 / n
-    if hw.pfs is not None:
-        cap["pfs_read"] = hw.pfs.read_bytes_per_s / n
-        cap["pfs_write"] = hw.pfs.write_bytes_per_s / n
-    topo = hw.topology
-    sharers = min(topo.gpus_per_pcie_switch, n)
-    if topo.switch_uplink_gb_per_s is not None and sharers > 1:
-        cap["switch_h2d"] = cap["switch_d2h"] = topo.switch_uplink_gb_per_s * 1e9 / sharers
-    if sz.dp > 1 or cfg.workload.training.tensor_parallel > 1:
-        cap["gpu_link_tx"] = cap["gpu_link_rx"] = gpu_link_bytes_per_s(cfg)
-    return cap
-
-
-def gpu_link_bytes_per_s(cfg: RunConfig) -> float:
-    """Per-direction rate of the ring used by collectives.
-
-    Without a GPU-GPU link the ring goes through host memory at the slower PCIe direction; a
-    ring spanning nodes runs at the slower of the node link and the network.
-    """
-    hw = cfg.hardware
-    topo = hw.topology
-    if topo.gpu_link.kind == "none":
-        rate = min(hw.host_link.h2d.pinned.peak_bytes_per_s, hw.host_link.d2h.pinned.peak_bytes_per_s)
-    else:
-        rate = topo.gpu_link.bandwidth_gb_per_s * 1e9
-    if cfg.workload.training.data_parallel > topo.gpus_per_node and topo.inter_node_gb_per_s:
-        rate = min(rate, topo.inter_node_gb_per_s * 1e9)
-    return rate
+    """Capacity of each resource for one simulated rank (:func:`offsim.plan.paths.resource_capacities`;
+    its keys are string enums, equal to the names used here)."""
+    return {str(r): c for r, c in paths.resource_capacities(cfg, sz.ranks_per_node, sz.dp).items()}
 
 
 def duplex_rule(efficiency: float):
