@@ -36,9 +36,7 @@ from offsim.commands._common import (
     WorkloadOpt,
     check_out_file,
     console,
-    err_console,
     fail,
-    gib,
     print_json,
     print_metrics_table,
     say,
@@ -46,8 +44,7 @@ from offsim.commands._common import (
 from offsim.config.loading import shipped_files
 from offsim.errors import OffsimError
 
-# Re-exported for modules that still import them from here (offsim.commands.compare).
-__all__ = ["app", "console", "err_console", "fail", "gib", "print_metrics_table"]
+__all__ = ["app"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
 

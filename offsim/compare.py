@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import product
 from typing import Any
 
@@ -218,12 +218,13 @@ def _row(label: str, result: RunResult) -> dict[str, Any]:
 
 
 def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
-                 variants: list[tuple[str, Strategy]], iterations: int = 3,
-                 warmup: int = 1) -> tuple[pd.DataFrame, list[RunResult]]:
+                 variants: list[tuple[str, Strategy]], iterations: int = 3, warmup: int = 1,
+                 on_variant: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, list[RunResult]]:
     """Simulate each ``(label, strategy)``; one row per variant (see :func:`_row` columns).
 
     A variant whose policy makes an illegal decision gets a row with the error as its reason;
-    ``results`` holds the runs that completed."""
+    ``results`` holds the runs that completed. ``on_variant(label)`` is called after each
+    variant (progress)."""
     rows, results = [], []
     for label, st in variants:
         cfg = make_run_config(hardware, workload, st, iterations=iterations, warmup_iterations=warmup)
@@ -232,9 +233,11 @@ def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
         except PolicyError as exc:  # one variant's illegal decision does not stop the others
             rows.append({"variant": label, "strategy": st.name, "feasible": False,
                          "infeasible_reason": f"policy error: {exc}"})
-            continue
-        rows.append(_row(label, result))
-        results.append(result)
+        else:
+            rows.append(_row(label, result))
+            results.append(result)
+        if on_variant is not None:
+            on_variant(label)
     return pd.DataFrame(rows), results
 
 
@@ -344,33 +347,50 @@ def rok_points(n_blocks: int, points: int) -> list[int]:
     return sorted({round(i * n_blocks / (points - 1)) for i in range(points)})
 
 
+def _rok_placements(hardware: HardwareProfile, workload: Workload, points: int
+                    ) -> list[tuple[str, int, dict[str, Any]]]:
+    """The ROK curve's points: (placement, blocks, activation policy), placement by placement."""
+    templates: list[tuple[str, dict[str, str | None]]] = [
+        ("recompute", {"recompute": None}), ("offload-cpu", {"offload": None, "tier": "cpu"})]
+    if hardware.nvme is not None:
+        templates.append(("offload-nvme", {"offload": None, "tier": "nvme"}))
+    out = []
+    for name, template in templates:
+        for n in rok_points(workload.model.layers, points):
+            fields = {k: (n if v is None else v) for k, v in template.items()}
+            out.append((name, n, {"kind": "per-block", **fields}))
+    return out
+
+
+def rok_runs(hardware: HardwareProfile | str, workload: Workload | str, base: Strategy, points: int = 6) -> int:
+    """How many simulations :func:`rok_curve` runs (its points, and keeping everything)."""
+    cfg0 = make_run_config(hardware, workload, base)
+    return len(_rok_placements(cfg0.hardware, cfg0.workload, points)) + 1
+
+
 def rok_curve(hardware: HardwareProfile | str, workload: Workload | str, base: Strategy, points: int = 6,
-              iterations: int = 3, warmup: int = 1) -> pd.DataFrame:
+              iterations: int = 3, warmup: int = 1, on_run: Callable[[], None] | None = None) -> pd.DataFrame:
     """Memory saved against time cost of each activation placement, per number of blocks.
 
     For each placement (recompute, offload to DRAM, offload to NVMe when the profile has it) and
     each count ``n``, the first ``n`` blocks take that placement and the others keep their
     activations in HBM (ProTrain-style per-block choice). Memory is the peak GPU bytes of the
     run (the planner's estimate when it does not fit); both deltas are against keeping all.
+    ``on_run()`` is called after each simulation (progress; :func:`rok_runs` of them).
     (Wu et al., TBA, arXiv 2408.10013, Sec. 3: the recompute-offload-keep curve.)
     """
     cfg0 = make_run_config(hardware, workload, base, iterations=iterations, warmup_iterations=warmup)
-    n_blocks = cfg0.workload.model.layers
-    placements: list[tuple[str, dict[str, str | None]]] = [
-        ("recompute", {"recompute": None}), ("offload-cpu", {"offload": None, "tier": "cpu"})]
-    if cfg0.hardware.nvme is not None:
-        placements.append(("offload-nvme", {"offload": None, "tier": "nvme"}))
+    done = on_run or (lambda: None)
     keep = _rok_run(cfg0.hardware, cfg0.workload, base, {"kind": "keep"}, iterations, warmup)
+    done()
     rows = []
-    for name, template in placements:
-        for n in rok_points(n_blocks, points):
-            fields = {k: (n if v is None else v) for k, v in template.items()}
-            policy = {"kind": "per-block", **fields}
-            r = _rok_run(cfg0.hardware, cfg0.workload, base, policy, iterations, warmup)
-            rows.append({"placement": name, "blocks": n, **r,
-                         "memory_saved_bytes": keep["gpu_bytes"] - r["gpu_bytes"],
-                         "time_cost_s": (r["iteration_time_s"] - keep["iteration_time_s"])
-                         if r["feasible"] and keep["feasible"] else math.nan})
+    for name, n, policy in _rok_placements(cfg0.hardware, cfg0.workload, points):
+        r = _rok_run(cfg0.hardware, cfg0.workload, base, policy, iterations, warmup)
+        done()
+        rows.append({"placement": name, "blocks": n, **r,
+                     "memory_saved_bytes": keep["gpu_bytes"] - r["gpu_bytes"],
+                     "time_cost_s": (r["iteration_time_s"] - keep["iteration_time_s"])
+                     if r["feasible"] and keep["feasible"] else math.nan})
     return pd.DataFrame(rows)
 
 

@@ -134,3 +134,69 @@ def test_policy_names() -> None:
         apply_policies(base, "lru+nope")
     assert rok_points(4, 3) == [0, 2, 4]
     assert rok_points(32, 5) == [0, 8, 16, 24, 32]
+
+
+# ----------------------------------------------------------------------------- the shared CLI habits
+def _strict(text: str) -> object:
+    """Parse ``text`` as strict JSON (NaN or Infinity fail)."""
+    import json
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("command", [["compare", "--policies", "lru,fifo"], ["rok", "--points", "2"]])
+def test_no_files_unless_asked(command: list[str], tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = _invoke(*command, "-H", "tiny", "-w", "tiny")
+    assert result.exit_code == 0, result.output
+    assert list(tmp_path.iterdir()) == []
+    assert "written" not in result.output
+
+
+def test_compare_json_is_strict_and_alone_on_stdout(tmp_path) -> None:
+    out = tmp_path / "c.csv"
+    result = _invoke("compare", "-H", "tiny", "-w", "tiny", "--policies", "lru,keep-first-5",
+                     "--param-buffer-gib", "0.1", "--json", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    doc = _strict(result.stdout)
+    assert isinstance(doc, dict)
+    assert doc["decision"].startswith("With the GPU parameter buffer at")
+    assert [r["variant"] for r in doc["rows"]] == ["lru", "keep-first-5"]
+    assert doc["rows"][1]["feasible"] is False and doc["rows"][1]["iteration_time_s"] is None  # NaN -> null
+    assert doc["files"] == {"csv": str(out)} and out.exists()
+
+
+def test_compare_quiet_prints_the_decision_only() -> None:
+    result = _invoke("compare", "-H", "tiny", "-w", "tiny", "--policies", "lru,fifo", "-q")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("With the GPU parameter buffer at")
+
+
+def test_rok_json(tmp_path) -> None:
+    result = _invoke("rok", "-H", "tiny", "-w", "tiny", "--points", "2", "--json")
+    assert result.exit_code == 0, result.output
+    doc = _strict(result.stdout)
+    assert isinstance(doc, dict) and doc["files"] == {}
+    assert {r["placement"] for r in doc["rows"]} == {"recompute", "offload-cpu", "offload-nvme"}
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["compare", "-o", "{tmp}"], "is a folder"),
+    (["compare", "--html", "{tmp}"], "is a folder"),
+    (["rok", "-o", "{tmp}/file.csv/x.csv"], "is a file, not a folder"),
+    (["compare", "--cache-gib", "2,x"], "--cache-gib: expected comma-separated GiB"),
+    (["compare", "--param-buffer-gib", "lots"], "--param-buffer-gib: expected a number"),
+    (["rok", "--points", "0"], "--points"),
+    (["rok", "-s", "no-such-strategy"], "no-such-strategy"),
+])
+def test_bad_options_exit_2(args: list[str], fragment: str, tmp_path) -> None:
+    (tmp_path / "file.csv").write_text("")
+    result = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args] + ["-H", "tiny", "-w", "tiny"],
+                           terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert fragment in " ".join(result.output.split())
+    assert "Traceback" not in result.output

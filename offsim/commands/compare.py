@@ -1,19 +1,49 @@
 """``offsim compare`` (policies side by side, scored against bounds on the bytes any policy must
-move, over one or several cache sizes) and ``offsim rok`` (the recompute-offload-keep curve)."""
+move, over one or several cache sizes) and ``offsim rok`` (the recompute-offload-keep curve).
+
+Both share the habits of every command (:mod:`offsim.commands._common`): ``-H/-w`` default to
+the README's main example; ``-s`` defaults to a strategy with something to vary (caches over
+NVMe for ``compare``, activations in HBM for ``rok``: the main example's ZeRO-Offload has
+neither); files are written only where ``-o/--out`` (the CSV) and ``--html`` (the chart) say;
+``--json`` prints the rows on stdout; ``-q`` leaves out the table (``compare`` still prints its
+decision sentence, the answer).
+"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import pandas as pd
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-console = Console()
-HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help="hardware profile name or YAML path")]
-WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="workload name or YAML path")]
+from offsim.commands._common import (
+    DEFAULT_HARDWARE,
+    DEFAULT_WORKLOAD,
+    EXIT_NO,
+    HardwareOpt,
+    IterationsOpt,
+    JsonOpt,
+    QuietOpt,
+    WarmupOpt,
+    WorkloadOpt,
+    check_out_file,
+    console,
+    fail,
+    print_json,
+    say,
+)
+from offsim.report.progress import progress_bar
+
+#: ``compare``'s base strategy: a GPU parameter buffer and a DRAM cache over NVMe to vary.
+COMPARE_STRATEGY = "zero-infinity-nvme"
+#: ``rok``'s strategy for everything but activations.
+ROK_STRATEGY = "zero-infinity-cpu"
+
 wide = console if console.is_terminal else Console(width=170)  # logs and pipes: do not squeeze the table
 
 
@@ -73,7 +103,7 @@ def _cell(key: str, v: object) -> str:
     return _num(v)  # type: ignore[arg-type]
 
 
-def _row_cells(row: dict, keys: list[str]) -> list[str]:
+def _row_cells(row: dict[str, Any], keys: list[str]) -> list[str]:
     """A row's cells; an infeasible one shows its budgets and n/a."""
     if row["feasible"]:
         return [_cell(key, row.get(key)) for key in keys]
@@ -84,43 +114,46 @@ def _row_cells(row: dict, keys: list[str]) -> list[str]:
     return cells
 
 
-def _print_compare(table, title: str) -> None:  # a DataFrame
-    t = Table(title=title)
+def _print_compare(table: pd.DataFrame, title: str) -> None:
+    t = Table(title=escape(title))
     cols = [(label, key) for label, key in COLUMNS if key in table]
     for label, _ in cols:
         t.add_column(label, justify="left" if label == "variant" else "right", no_wrap=label == "variant")
     for row in table.to_dict("records"):
-        t.add_row(row["variant"], *_row_cells(row, [key for _, key in cols[1:]]))
+        t.add_row(escape(str(row["variant"])), *_row_cells(row, [key for _, key in cols[1:]]))
     wide.print(t)
     for row in table.to_dict("records"):
         if not row["feasible"]:
-            wide.print(f"[red]{row['variant']}[/]: {row['infeasible_reason']}", highlight=False)
+            wide.print(f"[red]{escape(str(row['variant']))}[/]: {escape(str(row['infeasible_reason']))}",
+                       highlight=False)
 
 
-def _print_notes(table) -> None:  # a DataFrame
-    """Bound gaps and Belady's anomalies, under the table."""
+def _notes(table: pd.DataFrame) -> list[str]:
+    """What to read under the table: how the bounds are made, bound gaps, Belady's anomalies."""
     from offsim.compare import anomalies
 
     ok = table[table["feasible"].astype(bool)] if "bound_exact" in table else table.iloc[0:0]
     gaps = ok[~ok["bound_exact"].astype(bool)] if not ok.empty else ok
+    lines = []
     if not ok.empty:
-        wide.print("Bounds: lower = min-cost flow over the access sequence the engine served (Berger et al., "
-                   "SIGMETRICS 2018); 'exact' = it meets the best schedule found, so it is the optimum "
-                   "for fetch on demand.", highlight=False)
+        lines.append("Bounds: lower = min-cost flow over the access sequence the engine served (Berger et al., "
+                     "SIGMETRICS 2018); 'exact' = it meets the best schedule found, so it is the optimum "
+                     "for fetch on demand.")
     for row in gaps.drop_duplicates(["cache_gib", "dram_cache_gib"]).to_dict("records"):
         gap = (row["upper_bound_bytes"] - row["lower_bound_bytes"]) / 1e9
-        wide.print(f"bound gap at {row['cache_gib']} GiB / {row['dram_cache_gib']} GiB: the best schedule found "
-                   f"moves {gap:.3g} GB per iteration more than the lower bound", highlight=False)
+        lines.append(f"bound gap at {row['cache_gib']} GiB / {row['dram_cache_gib']} GiB: the best schedule found "
+                     f"moves {gap:.3g} GB per iteration more than the lower bound")
     for column in ("cache_gib", "dram_cache_gib"):
-        for line in anomalies(table, column):
-            wide.print(f"more bytes with a larger cache ({column}): {line}", highlight=False)
+        lines += [f"more bytes with a larger cache ({column}): {line}" for line in anomalies(table, column)]
+    return lines
 
 
 def compare(
-    hardware: HardwareOpt = "tiny",
-    workload: WorkloadOpt = "tiny",
-    strategy: Annotated[str, typer.Option("--strategy", "-s", help="base strategy the policies apply to")]
-    = "zero-infinity-nvme",
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    workload: WorkloadOpt = DEFAULT_WORKLOAD,
+    strategy: Annotated[str, typer.Option(
+        "--strategy", "-s", help="base strategy the policies apply to (one with caches to vary)")]
+    = COMPARE_STRATEGY,
     policies: Annotated[str | None, typer.Option(
         help="comma-separated policy names, '+' joins several "
              "(e.g. lru,fifo,belady,belady-size,keep-last-4,lru+alternating)",
@@ -136,68 +169,138 @@ def compare(
              "and size, and the curve; replaces --param-buffer-gib")] = None,
     dram_cache_gib: Annotated[str | None, typer.Option(
         help="DRAM cache over NVMe optimizer state, GiB; comma-separated to sweep (e.g. 10,20,40)")] = None,
-    iterations: Annotated[int, typer.Option(help="optimizer steps to simulate")] = 3,
-    warmup: Annotated[int, typer.Option(help="leading steps left out of the metrics")] = 1,
-    csv: Annotated[Path, typer.Option(help="write the table as CSV here")] = Path("offsim-compare.csv"),
-    html: Annotated[Path, typer.Option(help="write the plotly chart here")] = Path("offsim-compare.html"),
+    iterations: IterationsOpt = 3,
+    warmup: WarmupOpt = 1,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", "--csv", help="write the table as CSV here")] = None,
+    html: Annotated[Path | None, typer.Option(
+        help="write the chart here (self-contained HTML)")] = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Run several policies (or strategies) on one profile and workload side by side: time,
     stall, bytes per link, hit rate and peak memory per tier, and bytes against the lower bound
-    any policy must move (and the best schedule found), over one or several cache sizes."""
-    from offsim.cli import fail
-    from offsim.compare import DEFAULT_POLICIES, decision, policy_variants, run_variants
+    any policy must move (and the best schedule found), over one or several cache sizes. The
+    first line is the decision (per budget, the fastest policy and its distance to the bound);
+    --quiet prints only that line. Exit 1 when no variant fits."""
+    from offsim.compare import decision
+
+    check_out_file(out)
+    check_out_file(html, "--html")
+    table = _run_compare(hardware, workload, strategy, policies, strategies, param_buffer_gib, cache_gib,
+                         dram_cache_gib, iterations, warmup, quiet)
+    title = f"{workload} on {hardware}: policies over {strategy}"
+    files = _write_outputs(table, title, out, html, "compare")
+    sentence = decision(table)
+    if as_json:
+        print_json({"decision": sentence, "notes": _notes(table), "files": files,
+                    "rows": table.to_dict("records")})
+    else:
+        say(sentence)
+        if not quiet:
+            _print_compare(table, title)
+            for line in _notes(table):
+                say(line)
+            _say_written(files)
+    if not _any_feasible(table):
+        raise typer.Exit(EXIT_NO)
+
+
+def _run_compare(hardware: str, workload: str, strategy: str, policies: str | None, strategies: str | None,
+                 param_buffer_gib: str, cache_gib: str | None, dram_cache_gib: str | None, iterations: int,
+                 warmup: int, quiet: bool) -> pd.DataFrame:
+    """The variants (policy variants of ``strategy`` and strategies as they are), simulated; bad
+    input exits 2."""
+    from offsim.compare import DEFAULT_POLICIES, policy_variants, run_variants
     from offsim.config.loading import load_strategy
     from offsim.errors import OffsimError
-    from offsim.report.compare_figures import compare_figure, write_html
 
     try:
         variants = []
         if policies or not strategies:
             base = load_strategy(strategy)
-            names = policies or DEFAULT_POLICIES
             buffers = _sizes(cache_gib, "--cache-gib") if cache_gib else _buffer(param_buffer_gib)
             drams = _sizes(dram_cache_gib, "--dram-cache-gib") if dram_cache_gib else None
-            variants += policy_variants(base, names, buffers, drams)
+            variants += policy_variants(base, policies or DEFAULT_POLICIES, buffers, drams)
         for name in filter(None, (s.strip() for s in (strategies or "").split(","))):
             variants.append((name, load_strategy(name)))
-        table, _ = run_variants(hardware, workload, variants, iterations, warmup)
+        with progress_bar(len(variants), "simulating variants", enabled=not quiet) as advance:
+            table, _ = run_variants(hardware, workload, variants, iterations, warmup,
+                                    on_variant=lambda label: advance(1, f"simulated {label}"))
     except OffsimError as exc:
         fail(str(exc))
-        return
-    title = f"{workload} on {hardware}: policies over {strategy}"
-    wide.print(decision(table), highlight=False)
-    _print_compare(table, title)
-    _print_notes(table)
-    table.to_csv(csv, index=False)
-    write_html(compare_figure(table, title), html)
-    console.print(f"table written to {csv}, chart to {html}")
+    return table
+
+
+def _write_outputs(table: pd.DataFrame, title: str, out: Path | None, html: Path | None,
+                   kind: str) -> dict[str, str]:
+    """Write the CSV and the chart where asked (nothing otherwise); the files written, by kind."""
+    from offsim.report.compare_figures import compare_figure, rok_figure, write_html
+
+    files = {}
+    if out is not None:
+        table.to_csv(out, index=False)
+        files["csv"] = str(out)
+    if html is not None:
+        figure = compare_figure(table, title) if kind == "compare" else rok_figure(table, title)
+        write_html(figure, html)
+        files["html"] = str(html)
+    return files
+
+
+def _say_written(files: dict[str, str]) -> None:
+    what = {"csv": "table", "html": "chart"}
+    if files:
+        say(", ".join(f"{what[k]} written to {v}" for k, v in files.items()))
+
+
+def _any_feasible(table: pd.DataFrame) -> bool:
+    return "feasible" in table and bool(table["feasible"].astype(bool).any())
 
 
 def rok(
-    hardware: HardwareOpt = "tiny",
-    workload: WorkloadOpt = "tiny",
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    workload: WorkloadOpt = DEFAULT_WORKLOAD,
     strategy: Annotated[str, typer.Option("--strategy", "-s", help="strategy for everything but activations")]
-    = "zero-infinity-cpu",
-    points: Annotated[int, typer.Option(help="block counts per placement (0 .. all blocks)")] = 6,
-    iterations: Annotated[int, typer.Option(help="optimizer steps to simulate")] = 3,
-    warmup: Annotated[int, typer.Option(help="leading steps left out of the metrics")] = 1,
-    csv: Annotated[Path, typer.Option(help="write the curve as CSV here")] = Path("offsim-rok.csv"),
-    html: Annotated[Path, typer.Option(help="write the plotly chart here")] = Path("offsim-rok.html"),
+    = ROK_STRATEGY,
+    points: Annotated[int, typer.Option(min=1, help="block counts per placement (0 .. all blocks)")] = 6,
+    iterations: IterationsOpt = 3,
+    warmup: WarmupOpt = 1,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", "--csv", help="write the curve as CSV here")] = None,
+    html: Annotated[Path | None, typer.Option(
+        help="write the chart here (self-contained HTML)")] = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """The ROK curve: GPU memory saved against time cost of recomputing, offloading to DRAM or
-    offloading to NVMe the activations of 0..all blocks."""
-    from offsim.cli import fail
-    from offsim.compare import rok_curve
+    offloading to NVMe the activations of 0..all blocks. Exit 1 when no point fits."""
+    from offsim.compare import rok_curve, rok_runs
     from offsim.config.loading import load_strategy
     from offsim.errors import OffsimError
-    from offsim.report.compare_figures import rok_figure, write_html
 
+    check_out_file(out)
+    check_out_file(html, "--html")
     try:
-        curve = rok_curve(hardware, workload, load_strategy(strategy), points, iterations, warmup)
+        base = load_strategy(strategy)
+        total = rok_runs(hardware, workload, base, points)
+        with progress_bar(total, "simulating the curve", enabled=not quiet) as advance:
+            curve = rok_curve(hardware, workload, base, points, iterations, warmup,
+                              on_run=lambda: advance())
     except OffsimError as exc:
         fail(str(exc))
-        return
-    t = Table(title=f"ROK curve: {workload} on {hardware} ({strategy})")
+    files = _write_outputs(curve, f"ROK curve: {workload} on {hardware}", out, html, "rok")
+    if as_json:
+        print_json({"files": files, "rows": curve.to_dict("records")})
+    elif not quiet:
+        _print_rok(curve, f"ROK curve: {workload} on {hardware} ({strategy})")
+        _say_written(files)
+    if not _any_feasible(curve):
+        raise typer.Exit(EXIT_NO)
+
+
+def _print_rok(curve: pd.DataFrame, title: str) -> None:
+    t = Table(title=escape(title))
     for col in ("placement", "blocks", "iteration s", "time cost s", "peak GPU GiB", "saved GiB"):
         t.add_column(col, justify="left" if col == "placement" else "right")
     for r in curve.to_dict("records"):
@@ -206,9 +309,6 @@ def rok(
                   _num(r["time_cost_s"]), _num(r["gpu_bytes"] / 2**30, ".2f"),
                   _num(r["memory_saved_bytes"] / 2**30, ".2f"))
     wide.print(t)
-    curve.to_csv(csv, index=False)
-    write_html(rok_figure(curve, f"ROK curve: {workload} on {hardware}"), html)
-    console.print(f"curve written to {csv}, chart to {html}")
 
 
 def register(app: typer.Typer) -> None:
