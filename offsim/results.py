@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from offsim.config.run import RunConfig
+from offsim.core import strict_json
 from offsim.core._version import __version__
 from offsim.metrics import RunMetrics
 from offsim.trace import Recorder
@@ -63,5 +63,5 @@ class RunResult:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.to_dict(), indent=indent)
+        """:meth:`to_dict` as strict JSON text: a NaN or infinite number is written as ``null``."""
+        return strict_json.dumps(self.to_dict(), indent=indent)

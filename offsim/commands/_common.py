@@ -14,8 +14,6 @@ Exit codes, used by every subcommand:
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -25,6 +23,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from offsim.core.strict_json import dumps
 
 EXIT_OK = 0
 EXIT_NO = 1
@@ -66,22 +66,9 @@ def note(text: str) -> None:
     err_console.print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 
-def finite(obj: Any) -> Any:
-    """``obj`` with every non-finite float (NaN, +-inf) replaced by ``None`` (JSON ``null``)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [finite(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, str | bytes):  # numpy scalars
-        return finite(obj.item())
-    return obj
-
-
 def strict_json(obj: Any, *, indent: int | None = 2) -> str:
     """Strict JSON text (RFC 8259: no ``NaN`` or ``Infinity``); non-finite numbers become ``null``."""
-    return json.dumps(finite(obj), indent=indent, allow_nan=False, default=str)
+    return dumps(obj, indent=indent)
 
 
 def print_json(obj: Any) -> None:

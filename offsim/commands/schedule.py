@@ -8,8 +8,6 @@ with ``id``, ``kind``, ``layer``, ``micro_batch``, resources, ``bytes`` or ``flo
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from offsim.commands._common import (
@@ -23,6 +21,7 @@ from offsim.commands._common import (
     WorkloadOpt,
     fail,
 )
+from offsim.core import strict_json
 from offsim.errors import OffsimError
 
 
@@ -45,7 +44,7 @@ def schedule(
     except OffsimError as exc:
         fail(str(exc))
     if as_json:
-        typer.echo(json.dumps(to_json(compiled)))
+        typer.echo(strict_json.dumps(to_json(compiled)))  # no NaN/Infinity
     else:
         typer.echo(to_text(compiled))
 

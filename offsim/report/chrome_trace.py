@@ -16,10 +16,10 @@ Layout (Trace Event Format, Google 2016; times in microseconds):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from offsim.core import strict_json
 from offsim.core._version import __version__
 from offsim.report.tracks import (
     LINKS,
@@ -127,7 +127,7 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
 
 
 def write_chrome_trace(result: RunResult, path: Path) -> Path:
-    """Write the trace JSON to ``path``."""
+    """Write the trace JSON to ``path`` (strict JSON: a NaN or infinite number is ``null``)."""
     path = Path(path)
-    path.write_text(json.dumps(chrome_trace(result), separators=(",", ":")))
+    path.write_text(strict_json.dumps(chrome_trace(result), separators=(",", ":")))
     return path
