@@ -1,15 +1,19 @@
-"""Per-cache statistics of a run, scored against the offline optimum (steady state).
+"""Per-cache statistics of a run (steady state), and bounds on the bytes any policy must move.
 
 Computed from the cache events the engine records (:class:`~offsim.trace.CacheEvent`) and, for
-the GPU parameter buffer's stall, from the GPU's "waits for params" spans. OPT is
-:func:`offsim.policies.opt.optimal_plan` run on the same access sequence within the same
-budget: the cache's capacity, or, for an unbounded cache, the most it ever held in the run
-(OPT with the memory the policy actually used). Regret is what the policy fetched beyond it.
+the GPU parameter buffer's stall, from the GPU's "waits for params" spans.
 
-:func:`cache_bound` bounds, for ``offsim compare``, the bytes any policy must move in a cache
-from below and the best schedule found from above (:mod:`offsim.policies.bounds`: the
-min-cost-flow bound for tensors of several sizes); unlike OPT above, it is a bound whatever the
-sizes. It is not part of :class:`CacheStats` (the run metrics are unchanged).
+``opt_bytes_fetched`` (the field keeps its name for the JSON and the goldens) is the **offline
+plan** of :func:`offsim.policies.opt.optimal_plan` on the same access sequence within the same
+budget (the cache's capacity, or, for an unbounded cache, the most it ever held): Belady's rule
+with a search over the tensors of odd sizes, complete only when ``opt_exact``. It is a
+reference, not the optimum and not a bound; reports name it "belady (heuristic)". Regret is
+what the policy fetched beyond it.
+
+:func:`cache_bound` bounds the bytes any policy must move in a cache from below and the best
+schedule found from above (:mod:`offsim.policies.bounds`: the min-cost-flow bound for tensors of
+several sizes); it is a bound whatever the sizes, and what ``offsim compare`` and the run table
+score against. It is not part of :class:`CacheStats` (the run metrics are unchanged).
 """
 
 from __future__ import annotations
@@ -41,9 +45,10 @@ class CacheStats(BaseModel):
         bytes_evicted: bytes dropped for room or released after use.
         bytes_written_back: dirty bytes written to the tier below.
         stall_s: seconds the consumer (GPU for parameters, CPU optimizer for sub-groups) waited.
-        opt_bytes_fetched: bytes OPT fetches on the same sequence and budget.
-        regret_bytes: ``bytes_fetched - opt_bytes_fetched``.
-        opt_exact: OPT was found by complete enumeration.
+        opt_bytes_fetched: bytes the offline plan (:func:`~offsim.policies.opt.optimal_plan`, a
+            heuristic unless ``opt_exact``; not a bound) fetches on the same sequence and budget.
+        regret_bytes: ``bytes_fetched - opt_bytes_fetched`` (against that plan, not a bound).
+        opt_exact: the plan's search over odd-sized tensors was complete.
     """
 
     tier: str
@@ -69,7 +74,7 @@ PARAM_STALL_SUFFIX = "waits for params"  # names of the GPU's stall spans for pa
 
 def _opt_per_iteration(events: list[CacheEvent], info: dict,
                        steady: list[int]) -> tuple[dict[int, float], bool]:
-    """OPT bytes fetched in each steady iteration."""
+    """Bytes the offline plan fetches in each steady iteration."""
     accesses = [e for e in events if e.kind in ("hit", "miss")]
     sizes = {e.tensor: e.bytes for e in accesses}
     capacity = info["capacity_bytes"]
