@@ -153,7 +153,9 @@ def test_schedule_json_lists_instances_with_dependencies() -> None:
     assert flows and all(o["bytes"] > 0 and o["resources"] for o in flows)
     kernels = [o for o in ops if o["kind"] == "delay" and o["activity"] == "forward" and o["layer"] == 1]
     assert kernels and kernels[0]["flops"] > 0
-    assert {c["id"] for c in data["caches"]} == {"gpu_params"}
+    caches = {c["id"]: c for c in data["caches"]}
+    # no DRAM cache: a zero-capacity one counts each sub-group's read and write-back
+    assert set(caches) == {"gpu_params", "dram_optimizer"} and caches["dram_optimizer"]["capacity_bytes"] == 0
     assert any(o["tier"] == Tier.NVME for o in ops if o["kind"] == "alloc")
 
 

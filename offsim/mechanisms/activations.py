@@ -34,6 +34,7 @@ from offsim.schedule.ops import (
     Release,
     StreamSpec,
     TensorRef,
+    Wait,
 )
 
 
@@ -140,7 +141,7 @@ class Activations:
         if len(moved) > self.depth + 1:
             oldest = moved[-(self.depth + 2)]
             t = tag(Activity.ACT_OFFLOAD, self.id, Phase.FORWARD, u, label="waits for activation offload")
-            b.add(Join(), t, COMPUTE, after=[b.marks[("off_gpu", oldest)]])
+            b.add(Join(), t, COMPUTE, after=[b.marks[("off_gpu", oldest)]], stall=Wait("activation offload"))
 
     # ------------------------------------------------------------ backward
     def _backward(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
@@ -153,7 +154,7 @@ class Activations:
             if upcoming:
                 b.add(Prefetch(CacheId.GPU_ACTIVATIONS, upcoming, self.reserve_bytes[u]), t, COMPUTE)
         elif stage is Stage.WAIT and a.offloaded:
-            b.add(Ready(CacheId.GPU_ACTIVATIONS, u), t, COMPUTE)
+            b.add(Ready(CacheId.GPU_ACTIVATIONS, u), t, COMPUTE, stall=Wait("activations"))
         elif stage is Stage.BEFORE:
             b.add(Alloc(Tier.GPU, a.work_bytes, _workspace(u)), t, COMPUTE)
         elif stage is Stage.AFTER:

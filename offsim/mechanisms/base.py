@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from offsim.core.enums import Activity, MechanismId, Phase
-from offsim.schedule.ops import Block, Body, CacheSpec, Flow, Op, PoolSpec, StreamSpec, Tag, TensorRef
+from offsim.schedule.ops import Block, Body, CacheSpec, Flow, Op, PoolSpec, StreamSpec, Tag, TensorRef, Wait
 
 #: storage I/O striped over paths that run at once: each flow with the pool slot it holds (or None)
 StorageIO = tuple[tuple[Flow, str | None], ...]
@@ -75,10 +75,10 @@ class BlockBuilder:
     marks: dict[object, int] = field(default_factory=dict)  # op ids a mechanism refers to later
 
     def add(self, body: Body, tag: Tag, stream: str | None = None, after: Sequence[int] = (),
-            reads: Sequence[TensorRef] = (), writes: Sequence[TensorRef] = ()) -> int:
+            reads: Sequence[TensorRef] = (), writes: Sequence[TensorRef] = (), stall: Wait | None = None) -> int:
         """Append an op; returns its id."""
         op_id = len(self.ops)
-        self.ops.append(Op(op_id, body, tag, stream, tuple(sorted(set(after))), tuple(reads), tuple(writes)))
+        self.ops.append(Op(op_id, body, tag, stream, tuple(sorted(set(after))), tuple(reads), tuple(writes), stall))
         return op_id
 
     def last_on(self, stream: str) -> int | None:

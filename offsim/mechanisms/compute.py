@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from offsim.core.enums import Activity, MechanismId, Phase, TensorKind
 from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, tag
-from offsim.schedule.ops import CUR_MB, Delay, Flow, TensorRef
+from offsim.schedule.ops import CUR_MB, Delay, Flow, TensorRef, Wait
 
 COMPUTE = "gpu"  # the compute stream
 
@@ -59,7 +59,8 @@ class Compute:
         cost = self.layers[layer]
         if cost.tp_allreduce is not None:
             b.add(cost.tp_allreduce, tag(Activity.TP_ALLREDUCE, MechanismId.TENSOR_PARALLEL, phase, layer,
-                                         label=f"{activity} all-reduce"), COMPUTE)
+                                         label=f"{activity} all-reduce"), COMPUTE,
+                  stall=Wait("tensor-parallel all-reduce"))
 
     def _forward(self, b: BlockBuilder, layer: int) -> None:
         cost = self.layers[layer]

@@ -38,6 +38,7 @@ from offsim.schedule.ops import (
     StreamSpec,
     Tag,
     TensorRef,
+    Wait,
 )
 
 STEP = "cpu_step"
@@ -83,6 +84,10 @@ class CpuOptimizer:
             ``resident_gather``.
         delayed: the delayed parameter update (the step overlaps the next iteration).
         n_layers: layers whose gradients the step waits for.
+        on_storage: the state lives on NVMe (or the PFS): waits for it count against the DRAM
+            optimizer cache.
+        storage_cache: without a DRAM cache, a zero-capacity one that counts every sub-group's
+            read and write-back (DeepSpeed reads and writes all of them every step).
     """
 
     groups: tuple[GroupIO, ...]
@@ -94,11 +99,14 @@ class CpuOptimizer:
     resident_s: float = 0.0
     resident_gather: Flow | None = None
     delayed: bool = False
+    on_storage: bool = False
+    storage_cache: CacheSpec | None = None
     id: MechanismId = MechanismId.CPU_OPTIMIZER
 
     def setup(self) -> Setup:
         streams = (StreamSpec(STEP, StreamKind.CPU), StreamSpec("gpu_opt", StreamKind.GPU_COMPUTE))
-        return Setup(streams=streams, caches=(self.dram_cache,) if self.dram_cache else ())
+        caches = tuple(c for c in (self.dram_cache, self.storage_cache) if c is not None)
+        return Setup(streams=streams, caches=caches)
 
     def _t(self, activity: Activity, group: int = -1, label: str = "") -> Tag:
         return tag(activity, self.id, Phase.OPTIMIZER, group=group, label=label)
@@ -139,8 +147,9 @@ class CpuOptimizer:
         reading = self._read(b, order[0], first, after=[b.last_on(STEP) or 0])
         for k, g in enumerate(order):
             io = self.groups[g]
+            wait = Wait("the sub-group's state", CacheId.DRAM_OPTIMIZER) if self.on_storage else None
             got = b.add(Join(), self._t(Activity.OPT_SWAP_IN, g, "waits for the sub-group's state"), STEP,
-                        after=[reading])
+                        after=[reading], stall=wait)
             if self.pipeline and k + 1 < len(order):
                 reading = self._read(b, order[k + 1], first, after=[got])
             adam = b.add(io.adam, self._t(Activity.OPTIMIZER, g, f"CPU Adam sub-group {g}"), STEP)
@@ -162,6 +171,8 @@ class CpuOptimizer:
             last = b.add(Alloc(Tier.HOST_PAGEABLE, io.first_step_bytes, _moments(g)), self._t(Activity.OPT_SWAP_IN, g),
                          after=[last])
         t = self._t(Activity.OPT_SWAP_IN, g)
+        if self.storage_cache is not None:
+            last = b.add(Access(CacheId.DRAM_OPTIMIZER, g), t, after=[last])
         if self.dram_cache is not None:
             last = b.add(Access(CacheId.DRAM_OPTIMIZER, g), t, after=[last])
             last = b.add(Ready(CacheId.DRAM_OPTIMIZER, g), t, after=[last])
@@ -190,6 +201,8 @@ class CpuOptimizer:
                 last = parallel(b, io.swap_out, t, [last])
             if staged:
                 last = b.add(Free(Tier.HOST_PINNED, _swap_buffer(g)), t, after=[last])
+            if self.storage_cache is not None:
+                last = b.add(Done(CacheId.DRAM_OPTIMIZER, g), t, after=[last])
         if (staged or self.dram_cache is not None) and first and io.first_step_bytes:
             last = b.add(Free(Tier.HOST_PAGEABLE, _moments(g)), t, after=[last])
         home = self._t(Activity.PARAM_UPDATE, g)
@@ -227,3 +240,16 @@ def dram_cache_programs(state_bytes: dict[int, int], tier: Tier, swap_in: dict[i
         b.add(Free(tier, state), t, after=[parallel(b, swap_out[g], t, [])])
         evict[g] = b.build()
     return fetch, evict
+
+
+def storage_cache_spec(state_bytes: dict[int, int], tier: Tier) -> CacheSpec:
+    """The zero-capacity DRAM optimizer cache of a step without one: every sub-group misses and
+    is written back after its update; its bytes move in the sub-group's own flows, so the
+    programs do nothing."""
+    empty = {}
+    for g in state_bytes:
+        b = BlockBuilder(f"sub-group {g} read by the step")
+        b.add(Join(), tag(Activity.OPT_SWAP_IN, MechanismId.CPU_OPTIMIZER, Phase.OPTIMIZER, group=g))
+        empty[g] = b.build()
+    return CacheSpec(CacheId.DRAM_OPTIMIZER, tier, 0, dict(state_bytes), empty, dict(empty), persistent=True,
+                     writes_back=True)

@@ -29,6 +29,7 @@ from offsim.schedule.ops import (
     Release,
     StreamSpec,
     TensorRef,
+    Wait,
 )
 
 GRAD_SLOTS = "grad_slots"          # GPU gradient buffers waiting for their copy (2)
@@ -124,9 +125,11 @@ class Grads:
             b.add(Delay(g.compress_s), tag(Activity.GRAD_COMPRESS, self.id, Phase.BACKWARD, u), COMPUTE)
         if g.host_buffer_bytes > 0:
             b.add(Acquire(HOST_GRAD_SLOTS, 1), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
-                                                    label="waits for a free host gradient buffer"), COMPUTE)
+                                                    label="waits for a free host gradient buffer"), COMPUTE,
+                  stall=Wait("a free host gradient buffer"))
         slot = b.add(Acquire(GRAD_SLOTS, 1), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
-                                                 label="waits for a free gradient buffer"), COMPUTE)
+                                                 label="waits for a free gradient buffer"), COMPUTE,
+                     stall=Wait("a free gradient buffer"))
         buf = TensorRef(TensorKind.BUFFER, unit=u, mb=CUR_MB)
         last = b.add(Alloc(Tier.GPU, g.buffer_bytes, buf), t, after=[slot], reads=(grad16(u),))
         if g.reduce is not None:
@@ -138,7 +141,7 @@ class Grads:
         end = self._on_host(b, site, g, last)
         if not self.overlap:
             b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u, label="waits for gradient offload"),
-                  COMPUTE, after=[end])
+                  COMPUTE, after=[end], stall=Wait("gradient offload"))
         if g.gpu_adam_s > 0 and site.last_mb:
             b.add(Delay(g.gpu_adam_s), tag(Activity.OPTIMIZER, MechanismId.GPU_OPTIMIZER, Phase.BACKWARD, u,
                                            label="GPU Adam (GPU-resident share)"), COMPUTE)

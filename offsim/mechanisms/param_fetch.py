@@ -34,6 +34,7 @@ from offsim.schedule.ops import (
     Release,
     StreamSpec,
     TensorRef,
+    Wait,
 )
 
 STAGING = "staging"  # the pinned staging pool (bytes), owned by the static-state mechanism
@@ -111,6 +112,6 @@ class ParamFetch:
         elif stage is Stage.ISSUE:
             b.add(Access(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)
         elif stage is Stage.WAIT:
-            b.add(Ready(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)
+            b.add(Ready(CacheId.GPU_PARAMS, site.layer), t, COMPUTE, stall=Wait("params"))
         elif stage is Stage.DONE:
             b.add(Done(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)

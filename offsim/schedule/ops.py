@@ -215,6 +215,21 @@ Body = Delay | Flow | Alloc | Free | Acquire | Release | Access | Ready | Prefet
 
 
 @dataclass(frozen=True, slots=True)
+class Wait:
+    """What an op's stream waits for at this op, when it has to wait: its dependencies (and, for
+    a flow, the flow itself) are then a stall, reported on streams that record stalls and, with
+    ``cache``, counted against that cache.
+
+    Attributes:
+        what: what is waited for, for display ("params", "a free gradient buffer").
+        cache: the cache the wait is counted against (None: none).
+    """
+
+    what: str
+    cache: CacheId | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One op of a block.
 
@@ -226,6 +241,7 @@ class Op:
         after: ids of earlier ops of the same block it waits for.
         reads: tensors whose last write it waits for.
         writes: tensors it writes (later reads wait for this op).
+        stall: a wait here is a stall on this (None: a wait that is not a stall, e.g. for the step).
     """
 
     id: int
@@ -235,6 +251,7 @@ class Op:
     after: tuple[int, ...] = ()
     reads: tuple[TensorRef, ...] = ()
     writes: tuple[TensorRef, ...] = ()
+    stall: Wait | None = None
 
 
 # ---------------------------------------------------------------- structure
@@ -295,6 +312,8 @@ class CacheSpec:
         fetch: per unit, the program a miss runs (its last op makes the unit resident).
         evict: per unit, the program that drops it (write-back and free).
         persistent: units stay cached across iterations (else emptied at each iteration end).
+        writes_back: units are modified while used (optimizer state): a unit that bypassed the
+            cache (it does not fit, or the capacity is 0) is written back when its use ends.
     """
 
     id: CacheId
@@ -304,6 +323,7 @@ class CacheSpec:
     fetch: dict[int, Block]
     evict: dict[int, Block]
     persistent: bool = False
+    writes_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -318,6 +338,7 @@ class Schedule:
     pools: tuple[PoolSpec, ...] = ()
     caches: tuple[CacheSpec, ...] = ()
     notes: tuple[str, ...] = ()
+    unit_names: tuple[str, ...] = ()  # display names of the units (layers), by index
 
     def instances(self) -> Iterator[Instance]:
         """Every block execution in issue order."""

@@ -33,6 +33,7 @@ class System:
     #: iterations whose step differs (an optimizer order that changes per iteration), else 1
     step_period: int = 1
     notes: tuple[str, ...] = ()
+    unit_names: tuple[str, ...] = ()
 
 
 def emit_site(system: System, b: BlockBuilder, site: Site) -> None:
@@ -103,4 +104,4 @@ def compile_system(system: System) -> Schedule:
     streams += [s for st in setups for s in st.streams]
     body = (init.build(), *_iterations(system, _micro_batches(system)))
     return Schedule(body, _merge(streams), _merge([p for st in setups for p in st.pools]),
-                    _merge([c for st in setups for c in st.caches]), system.notes)
+                    _merge([c for st in setups for c in st.caches]), system.notes, system.unit_names)

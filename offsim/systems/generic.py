@@ -20,7 +20,7 @@ from offsim.core.enums import CacheId, TensorKind, Tier, home_tier
 from offsim.mechanisms.activations import Activations, LayerActivations
 from offsim.mechanisms.base import SiteKind, Stage, StorageIO
 from offsim.mechanisms.compute import Compute, LayerCost
-from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GroupIO, dram_cache_programs
+from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GroupIO, dram_cache_programs, storage_cache_spec
 from offsim.mechanisms.gpu_optimizer import GpuOptimizer
 from offsim.mechanisms.grads import Grads, LayerGrads, LayerUpdate
 from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
@@ -340,12 +340,16 @@ def optimizer(c: Ctx) -> CpuOptimizer | GpuOptimizer:
         return GpuOptimizer(sz.local_params * bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, gather, n)
     groups = _subgroups(c)
     cache = _dram_cache(c, groups)
+    on_storage = st.placement.optimizer_states == "nvme"
+    bypass = None
+    if on_storage and cache is None:
+        bypass = storage_cache_spec({g: _int(p * sz.optimizer_bytes_per_param) for g, p in enumerate(groups)}, c.host)
     resident = sz.local_params * st.optimizer_gpu_fraction
     gather = c.collective(resident * c.bpp_param * sz.dp, 1.0) if resident > 0 and st.zero_stage in (1, 2) else None
     return CpuOptimizer(tuple(_group_io(c, p, cache is not None) for p in groups), _orders(c, len(groups)),
                         st.optimizer_swap_pipeline, n, cache, _int(fp.overflow_check_bytes(c.cfg, sz)),
                         resident * _gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
-                        st.delayed_param_update)
+                        st.delayed_param_update, on_storage, bypass)
 
 
 def static_state(c: Ctx) -> StaticState:
@@ -423,7 +427,7 @@ def compose(cfg: RunConfig) -> System:
              SiteKind.BACKWARD: BACKWARD_ORDER, SiteKind.ITERATION_END: (("params", Stage.DONE),),
              SiteKind.STEP: (("optimizer", Stage.RUN),)}
     return System(mechs, sites, len(c.layers), cfg.workload.training.grad_accumulation,  # type: ignore[arg-type]
-                  cfg.iterations, period, notes)
+                  cfg.iterations, period, notes, tuple(lay.name for lay in c.layers))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,85 @@
+"""Memory held per tier over time, keyed by what holds it.
+
+Holdings are integer bytes keyed by (tier, tensor): a free releases exactly what the allocation of
+the same tensor on the same tier holds, so a double allocation or a free of what is not held is a
+:class:`~offsim.core.errors.ScheduleError`, never a clamp. Levels are kept per rank (the simulated
+GPU); host memory and NVMe are shared by the ranks of a node, which run the same schedule, so a
+node level is the rank level times ``ranks_per_node`` (the PFS: times every rank of the job). A
+level above capacity raises :class:`~offsim.core.errors.InfeasibleError` at the moment it happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+from offsim.core.enums import Tier
+from offsim.core.errors import InfeasibleError, ScheduleError
+
+#: the tiers as reported (levels, peaks, capacities): ``host`` is pinned + pageable
+REPORTED_TIERS = ("gpu", "host_pinned", "host", "nvme", "pfs")
+
+
+class Memory:
+    """Bytes held per tier, with peaks; every change is reported to ``on_level``.
+
+    Args:
+        now: the clock (seconds).
+        capacity_bytes: per reported tier: GPU per rank, host and NVMe per node, PFS per job.
+        ranks_per_node / nodes: multipliers from rank levels to node and job levels.
+        on_level: called with (t_s, reported tier, level bytes) after every change.
+    """
+
+    def __init__(self, now: Callable[[], float], capacity_bytes: dict[str, float], ranks_per_node: int,
+                 nodes: int, on_level: Callable[[float, str, float], None]) -> None:
+        self.now = now
+        self.capacity_bytes = capacity_bytes
+        self.ranks = ranks_per_node
+        self.nodes = nodes
+        self.on_level = on_level
+        self.held: dict[tuple[Tier, Hashable], int] = {}
+        self.rank_bytes = dict.fromkeys(Tier, 0)
+        self.peak_bytes = dict.fromkeys(REPORTED_TIERS, 0.0)
+
+    def levels(self) -> dict[str, float]:
+        """Levels as reported: GPU per rank, the PFS for the job, the others per node."""
+        r = self.rank_bytes
+        return {
+            "gpu": float(r[Tier.GPU]),
+            "host_pinned": float(r[Tier.HOST_PINNED] * self.ranks),
+            "host": float((r[Tier.HOST_PINNED] + r[Tier.HOST_PAGEABLE]) * self.ranks),
+            "nvme": float(r[Tier.NVME] * self.ranks),
+            "pfs": float(r[Tier.PFS] * self.ranks * self.nodes),
+        }
+
+    def gpu_free_bytes(self) -> float:
+        """GPU memory not held now."""
+        return self.capacity_bytes["gpu"] - self.rank_bytes[Tier.GPU]
+
+    def hold(self, tier: Tier, key: Hashable, nbytes: int, what: str) -> None:
+        """``key`` takes ``nbytes`` of ``tier``; raises InfeasibleError if a tier overflows."""
+        if (tier, key) in self.held:
+            raise ScheduleError(f"{key} is allocated twice on {tier} ({what})")
+        self.held[(tier, key)] = nbytes
+        if nbytes > 0:
+            self.rank_bytes[tier] += nbytes
+            self._update(what)
+
+    def free(self, tier: Tier, key: Hashable) -> None:
+        """Release what ``key`` holds on ``tier``."""
+        nbytes = self.held.pop((tier, key), None)
+        if nbytes is None:
+            raise ScheduleError(f"{key} is freed on {tier} but holds nothing there")
+        if nbytes > 0:
+            self.rank_bytes[tier] -= nbytes
+            self._update("")
+
+    def _update(self, what: str) -> None:
+        t = self.now()
+        for tier, level in self.levels().items():
+            cap = self.capacity_bytes[tier]
+            if level > cap * (1 + 1e-9):
+                scope = {"gpu": "per GPU", "pfs": "for the job"}.get(tier, "per node")
+                raise InfeasibleError(tier, level, cap, f"{scope}, at t={t:.4f} s while allocating {what}")
+            if level > self.peak_bytes[tier]:
+                self.peak_bytes[tier] = level
+            self.on_level(t, tier, level)

@@ -1,0 +1,50 @@
+"""One op instance in the executor: the op, where it belongs, and who waits for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from offsim.schedule.ops import Op
+
+
+class Node:
+    """An op instance.
+
+    Attributes:
+        op: the template op.
+        iteration / micro_batch: the block instance it belongs to (-1: none).
+        phase: the span phase (a program's ops take the phase of the op that started them).
+        pending: dependencies not finished yet.
+        finished: it has run.
+        waiters: called (once each) when it finishes.
+        head_s: when its stream let it go (its stream predecessor finished), seconds.
+        start_s: when it started, seconds.
+        position: an access's position in its cache's sequence (-1: not an access).
+    """
+
+    __slots__ = (
+        "finished",
+        "head_s",
+        "iteration",
+        "micro_batch",
+        "op",
+        "pending",
+        "phase",
+        "position",
+        "start_s",
+        "stream_pred",
+        "waiters",
+    )
+
+    def __init__(self, op: Op, iteration: int, micro_batch: int, phase: str) -> None:
+        self.op = op
+        self.iteration = iteration
+        self.micro_batch = micro_batch
+        self.phase = phase
+        self.pending = 0
+        self.finished = False
+        self.waiters: list[Callable[[], None]] = []
+        self.head_s = 0.0
+        self.start_s = 0.0
+        self.position = -1
+        self.stream_pred: Node | None = None
