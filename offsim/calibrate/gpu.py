@@ -413,48 +413,64 @@ def measure_gemm(
     rows = part.rows("gemm")
     flush = torch.empty(flush_bytes if device.type == "cuda" else 0, dtype=torch.uint8, device=device)
     for dname in dtypes:
-        dt = _dtype(torch, dname)
-        esize = torch.tensor([], dtype=dt).element_size()
+        esize = torch.tensor([], dtype=_dtype(torch, dname)).element_size()
         for m, n, k in shapes:
-            need = (m * k + k * n + m * n) * esize
-            if device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(device)
-                if need > 0.8 * free:
-                    rep.warn(
-                        f"GEMM {m}x{n}x{k} {dname} skipped: needs {fmt_bytes(need)}, "
-                        f"{fmt_bytes(free)} free on the GPU",
-                        part,
-                    )
-                    continue
-            a = torch.randn(m, k, dtype=dt, device=device)
-            b = torch.randn(k, n, dtype=dt, device=device)
-            c = torch.empty(m, n, dtype=dt, device=device)
-            flop = 2.0 * m * n * k
-            samples = []
-            fp32 = dname in ("fp32", "tf32") and device.type == "cuda"
-            ctx = _tf32(torch, dname == "tf32") if fp32 else contextlib.nullcontext()
-            with ctx:
-                for i in range(warmup + repeats):
-                    flush.zero_()
-                    t = timed(torch, device, lambda a=a, b=b, c=c: torch.matmul(a, b, out=c))  # type: ignore[misc]
-                    if i >= warmup:
-                        samples.append(t)
-                        rows.append(
-                            {
-                                "kind": "gemm",
-                                "dtype": dname,
-                                "m": m,
-                                "n": n,
-                                "k": k,
-                                "rep": i - warmup,
-                                "flop": flop,
-                                "time_s": t,
-                                "tflops": flop / t / 1e12,
-                            }
-                        )
-            rep.say(f"[gpu] gemm {dname} {m}x{n}x{k}: {flop / median(samples) / 1e12:.2f} TFLOP/s")
-            del a, b, c
+            if not _gemm_fits(torch, device, (m, n, k), dname, esize, part, rep):
+                continue
+            samples = _time_gemm(torch, device, (m, n, k), dname, repeats, warmup, flush, rows)
+            rep.say(f"[gpu] gemm {dname} {m}x{n}x{k}: {2.0 * m * n * k / median(samples) / 1e12:.2f} TFLOP/s")
     del flush
+
+
+def _gemm_fits(
+    torch: Any, device: Any, shape: tuple[int, int, int], dname: str, esize: int, part: PartResult, rep: Reporter
+) -> bool:
+    """Whether A, B and C of ``shape`` fit in 80% of the free device memory (warns when not)."""
+    m, n, k = shape
+    need = (m * k + k * n + m * n) * esize
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    if need <= 0.8 * free:
+        return True
+    rep.warn(
+        f"GEMM {m}x{n}x{k} {dname} skipped: needs {fmt_bytes(need)}, {fmt_bytes(free)} free on the GPU",
+        part,
+    )
+    return False
+
+
+def _time_gemm(
+    torch: Any,
+    device: Any,
+    shape: tuple[int, int, int],
+    dname: str,
+    repeats: int,
+    warmup: int,
+    flush: Any,
+    rows: list[dict[str, Any]],
+) -> list[float]:
+    """Time ``repeats`` calls of one GEMM after ``warmup`` (L2 flushed before each); a row per
+    timed call appended to ``rows``. Returns the seconds of the timed calls."""
+    m, n, k = shape
+    dt = _dtype(torch, dname)
+    a = torch.randn(m, k, dtype=dt, device=device)
+    b = torch.randn(k, n, dtype=dt, device=device)
+    c = torch.empty(m, n, dtype=dt, device=device)
+    flop = 2.0 * m * n * k
+    samples = []
+    fp32 = dname in ("fp32", "tf32") and device.type == "cuda"
+    with _tf32(torch, dname == "tf32") if fp32 else contextlib.nullcontext():
+        for i in range(warmup + repeats):
+            flush.zero_()
+            t = timed(torch, device, partial(torch.matmul, a, b, out=c))
+            if i < warmup:
+                continue
+            samples.append(t)
+            rows.append({"kind": "gemm", "dtype": dname, "m": m, "n": n, "k": k, "rep": i - warmup,
+                         "flop": flop, "time_s": t, "tflops": flop / t / 1e12})
+    del a, b, c
+    return samples
 
 
 def measure_block(
@@ -501,25 +517,20 @@ def measure_block(
         fw.append(t_f)
         bw.append(t_b)
         for kind, t, flop in (("block_fwd", t_f, fwd_flop), ("block_bwd", t_b, 2 * fwd_flop)):
-            rows.append(
-                {
-                    "kind": kind,
-                    "dtype": dtype,
-                    "batch": b,
-                    "seq": s,
-                    "hidden": h,
-                    "heads": heads,
-                    "ffn_hidden": f,
-                    "rep": i - warmup,
-                    "flop": flop,
-                    "time_s": t,
-                    "tflops": flop / t / 1e12,
-                }
-            )
+            rows.append(_block_row(kind, dtype, shape, i - warmup, flop, t))
     rep.say(
         f"[gpu] block {dtype} b={b} s={s} h={h} f={f}: forward {median(fw) * 1e3:.2f} ms, "
         f"backward {median(bw) * 1e3:.2f} ms"
     )
+
+
+def _block_row(
+    kind: str, dtype: str, shape: tuple[int, int, int, int, int], repeat: int, flop: float, t: float
+) -> dict[str, Any]:
+    """One timed block pass as a row of the GEMM table."""
+    b, s, h, heads, f = shape
+    return {"kind": kind, "dtype": dtype, "batch": b, "seq": s, "hidden": h, "heads": heads, "ffn_hidden": f,
+            "rep": repeat, "flop": flop, "time_s": t, "tflops": flop / t / 1e12}
 
 
 def measure_hbm(
@@ -645,52 +656,7 @@ def run_gpu_part(settings: CalibrationSettings, rep: Reporter) -> PartResult:
         f"[gpu] {part.info.get('name')} (CUDA {part.info.get('cuda')}, driver "
         f"{part.info.get('driver_version', '?')}, copy engines {part.info.get('copy_engines', '?')})"
     )
-    steps: list[tuple[str, Callable[[], None]]] = []
-    sizes = _fit_memory(torch, device, list(settings.transfer_sizes), part, rep)
-    if len(sizes) >= 2:
-        steps.append(
-            (
-                "transfers",
-                lambda: measure_transfers(
-                    torch,
-                    device,
-                    sizes,
-                    settings.transfer_repeats,
-                    settings.transfer_warmup,
-                    settings.bidirectional,
-                    part,
-                    rep,
-                ),
-            )
-        )
-    steps += [
-        (
-            "gemm",
-            lambda: measure_gemm(
-                torch,
-                device,
-                list(settings.gemm_shapes),
-                list(settings.gemm_dtypes),
-                settings.gemm_repeats,
-                settings.gemm_warmup,
-                part,
-                rep,
-                settings.l2_flush_bytes,
-            ),
-        ),
-        (
-            "block",
-            lambda: measure_block(
-                torch, device, settings.block_shape, settings.block_dtype, settings.block_repeats, part, rep
-            ),
-        ),
-        ("hbm", lambda: measure_hbm(torch, device, settings.hbm_bytes, settings.transfer_repeats, part, rep)),
-        (
-            "pinning",
-            lambda: measure_pinning(torch, list(settings.pin_sizes), settings.pin_repeats, part, rep),
-        ),
-    ]
-    for name, step in steps:
+    for name, step in _gpu_steps(torch, device, settings, part, rep):
         try:
             step()
         except Exception as exc:  # one failed measurement must not stop the others
@@ -700,3 +666,25 @@ def run_gpu_part(settings: CalibrationSettings, rep: Reporter) -> PartResult:
                 torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()
     return part
+
+
+def _gpu_steps(
+    torch: Any, device: Any, settings: CalibrationSettings, part: PartResult, rep: Reporter
+) -> list[tuple[str, Callable[[], None]]]:
+    """The GPU measurements to run, in order, each as a named call; transfers only when at
+    least two sizes fit in memory (a curve needs two points)."""
+    s = settings
+    steps: list[tuple[str, Callable[[], None]]] = []
+    sizes = _fit_memory(torch, device, list(s.transfer_sizes), part, rep)
+    if len(sizes) >= 2:
+        steps.append(("transfers", partial(measure_transfers, torch, device, sizes, s.transfer_repeats,
+                                           s.transfer_warmup, s.bidirectional, part, rep)))
+    steps += [
+        ("gemm", partial(measure_gemm, torch, device, list(s.gemm_shapes), list(s.gemm_dtypes), s.gemm_repeats,
+                         s.gemm_warmup, part, rep, s.l2_flush_bytes)),
+        ("block", partial(measure_block, torch, device, s.block_shape, s.block_dtype, s.block_repeats, part,
+                          rep)),
+        ("hbm", partial(measure_hbm, torch, device, s.hbm_bytes, s.transfer_repeats, part, rep)),
+        ("pinning", partial(measure_pinning, torch, list(s.pin_sizes), s.pin_repeats, part, rep)),
+    ]
+    return steps

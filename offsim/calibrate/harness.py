@@ -266,11 +266,7 @@ def run_calibration(
     """
     wanted = _check_request(name, parts)
     settings = settings or CalibrationSettings.preset(quick)
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{out_dir}: cannot create the output folder ({exc.strerror})") from None
+    out_dir = _make_out_dir(Path(out_dir))
 
     rep = Reporter(progress)
     system = system_facts()
@@ -283,7 +279,31 @@ def run_calibration(
     build = build_profile(name, fits=fits, parts=results, system=system, base=base_profile, settings=settings)
     for m in build.messages:
         rep.warn(m)
+    return _write_outputs(out_dir, name, system, settings, base_profile, results, fits, build, rep)
 
+
+def _make_out_dir(out_dir: Path) -> Path:
+    """``out_dir``, created if missing; one that cannot be created is a :class:`ConfigError`."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{out_dir}: cannot create the output folder ({exc.strerror})") from None
+    return out_dir
+
+
+def _write_outputs(
+    out_dir: Path,
+    name: str,
+    system: dict[str, Any],
+    settings: CalibrationSettings,
+    base_profile: HardwareProfile | None,
+    results: dict[str, PartResult],
+    fits: dict[str, Any],
+    build: ProfileBuild,
+    rep: Reporter,
+) -> CalibrationReport:
+    """Write the raw tables, the profile (when complete and it loads back) and ``fits.json``;
+    the report of the whole run."""
     files = write_tables(out_dir, results)
     profile, profile_path = _write_profile(out_dir, name, build, base_profile, rep)
     if profile_path is not None:

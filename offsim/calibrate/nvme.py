@@ -264,6 +264,51 @@ def _sample_windows(
     return windows
 
 
+class _Requests:
+    """The requests of one :func:`run_io`: ``qd`` threads take the next block in turn.
+
+    Block ``b`` is at offset ``(b % blocks) * block`` (wrapping around the region); no request
+    is issued past ``limit`` blocks or after ``deadline``. A thread that fails sets ``stop``, so
+    the others stop too.
+    """
+
+    def __init__(self, fd: int, op: str, block: int, blocks: int, limit: float, deadline: float,
+                 bufs: list[mmap.mmap]) -> None:
+        self.fd, self.op, self.block, self.blocks, self.limit, self.deadline = fd, op, block, blocks, limit, deadline
+        self.bufs = bufs
+        self.io = os.preadv if op == "read" else os.pwritev
+        self.done = [0] * len(bufs)  # bytes done per thread
+        self.next = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def _take(self) -> int | None:
+        """The next block to do, or None when the run is over."""
+        with self.lock:
+            b = self.next
+            if b >= self.limit or time.perf_counter() >= self.deadline:
+                return None
+            self.next = b + 1
+            return b
+
+    def worker(self, i: int) -> None:
+        """Thread ``i``: synchronous requests on its own buffer until the run is over."""
+        buf = self.bufs[i]
+        try:
+            while not self.stop.is_set():
+                b = self._take()
+                if b is None:
+                    return
+                off = (b % self.blocks) * self.block
+                n = self.io(self.fd, [buf], off)
+                if n != self.block:
+                    raise OSError(errno.EIO, f"short {self.op} at offset {off}: {n} of {self.block} bytes")
+                self.done[i] += n
+        except BaseException:
+            self.stop.set()  # the other threads stop too
+            raise
+
+
 def run_io(
     fd: int,
     op: str,
@@ -291,54 +336,29 @@ def run_io(
     blocks, limit = _block_limit(region_bytes, block, total_bytes, wrap)
     pattern = secrets.token_bytes(min(block, MiB))
     bufs = [_aligned_buffer(block, pattern if op == "write" else None) for _ in range(qd)]
-    done = [0] * qd
-    lock = threading.Lock()
-    state = {"next": 0}
-    stop = threading.Event()
-    io = os.preadv if op == "read" else os.pwritev
-
     if op == "read" and not direct:
         _drop_cache(fd)
 
     t0 = time.perf_counter()
-    deadline = t0 + seconds
-
-    def worker(i: int) -> None:
-        buf = bufs[i]
-        try:
-            while not stop.is_set():
-                with lock:
-                    b = state["next"]
-                    if b >= limit or time.perf_counter() >= deadline:
-                        return
-                    state["next"] = b + 1
-                off = (b % blocks) * block
-                n = io(fd, [buf], off)
-                if n != block:
-                    raise OSError(errno.EIO, f"short {op} at offset {off}: {n} of {block} bytes")
-                done[i] += n
-        except BaseException:
-            stop.set()  # the other threads stop too
-            raise
-
+    requests = _Requests(fd, op, block, blocks, limit, t0 + seconds, bufs)
     windows: list[tuple[float, float, int]] = []
     try:
         with ThreadPoolExecutor(qd) as pool:
-            futures = [pool.submit(worker, i) for i in range(qd)]
+            futures = [pool.submit(requests.worker, i) for i in range(qd)]
             if window_s:
-                windows = _sample_windows(futures, done, t0, window_s)
+                windows = _sample_windows(futures, requests.done, t0, window_s)
             for f in futures:
                 f.result()
         if op == "write" and sync:
             os.fsync(fd)
     finally:
-        stop.set()
+        requests.stop.set()
         for b in bufs:
             b.close()
     elapsed = time.perf_counter() - t0
     # keep whole windows inside the run; the last one holds only the requests in flight at the end
     windows = [w for w in windows if w[1] <= seconds + 0.05 * (window_s or 0)]
-    return {"bytes": sum(done), "time_s": elapsed, "windows": windows}
+    return {"bytes": sum(requests.done), "time_s": elapsed, "windows": windows}
 
 
 # ---------------------------------------------------------------------------------------------
