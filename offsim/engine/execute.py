@@ -102,6 +102,7 @@ class Executor:
             else:
                 self.caches[spec.id] = PolicyCache(spec, policy, self._program, self._cache_event,
                                                    self._peak_noter(str(spec.id)), self.memory.gpu_free_bytes)
+        self.queues = {s.name: simpy.Resource(self.env, capacity=1) for s in schedule.streams if not s.in_order}
         self.stream_last: dict[str, Node] = {}
         self.last_write: dict[TensorRef, Node] = {}
         self.phases: dict[tuple[int, int, str], list[float]] = {}
@@ -150,7 +151,8 @@ class Executor:
         op = node.op
         deps = list(after) + [self.last_write[r] for r in (bind(x, micro_batch) for x in op.reads)
                               if r in self.last_write]
-        if op.stream is not None:
+        queue = self.queues.get(op.stream) if op.stream is not None else None
+        if op.stream is not None and queue is None:
             pred = self.stream_last.get(op.stream)
             if pred is not None:
                 node.stream_pred = pred
@@ -161,7 +163,16 @@ class Executor:
         if isinstance(op.body, Access):
             self.caches[op.body.cache].on_issue(node)
         node.head_s = self.env.now
-        self._wait_all(node, deps, lambda: self._start(node))
+        if queue is None:
+            self._wait_all(node, deps, lambda: self._start(node))
+        else:
+            self._wait_all(node, deps, lambda: self._enqueue(node, queue))
+
+    def _enqueue(self, node: Node, queue: simpy.Resource) -> None:
+        """Wait for the queue's turn, then start (the slot is held until the op finishes)."""
+        req = queue.request()
+        node.request = (queue, req)
+        req.callbacks.append(lambda _e: self._start(node))
 
     def _wait_all(self, node: Node, deps: list[Node], then: Callable[[], None]) -> None:
         """Call ``then`` once every node of ``deps`` has finished (now if they have)."""
@@ -268,6 +279,9 @@ class Executor:
         if node.op.stall is not None:
             self._stall(node, self.env.now)
         node.finished = True
+        if node.request is not None:
+            queue, req = node.request  # type: ignore[misc]
+            queue.release(req)
         self.end_s = max(self.end_s, self.env.now)
         self._track_main(node, end=True)
         ev = self.env.event()

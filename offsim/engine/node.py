@@ -31,6 +31,7 @@ class Node:
         "pending",
         "phase",
         "position",
+        "request",
         "start_s",
         "stream_pred",
         "waiters",
@@ -48,3 +49,4 @@ class Node:
         self.start_s = 0.0
         self.position = -1
         self.stream_pred: Node | None = None
+        self.request: object = None  # the queue slot it holds while it runs

@@ -83,8 +83,8 @@ class Activations:
     id: MechanismId = MechanismId.ACTIVATIONS
 
     def setup(self) -> Setup:
-        streams = tuple(StreamSpec(s, k) for s, k in (("act_d2h", StreamKind.COPY), ("act_h2d", StreamKind.COPY),
-                                                       ("act_nvme", StreamKind.AIO)))
+        queues = (("act_d2h", StreamKind.COPY), ("act_h2d", StreamKind.COPY), ("act_nvme", StreamKind.AIO))
+        streams = tuple(StreamSpec(s, k, in_order=False) for s, k in queues)
         moved = {u: a for u, a in enumerate(self.layers) if a.offloaded}
         cache = CacheSpec(CacheId.GPU_ACTIVATIONS, Tier.GPU, None, {u: a.kept_bytes for u, a in moved.items()},
                           {u: self._fetch_program(u) for u in moved}, {})

@@ -19,6 +19,13 @@ from offsim.schedule.ops import Block, Body, CacheSpec, Flow, Op, PoolSpec, Stre
 
 #: storage I/O striped over paths that run at once: each flow with the pool slot it holds (or None)
 StorageIO = tuple[tuple[Flow, str | None], ...]
+#: the pools of the per-path I/O concurrency cap (``io_concurrency`` slots each)
+IO_POOLS = ("io_nvme", "io_pfs")
+
+
+def io_pools(io_concurrency: int | None) -> tuple[PoolSpec, ...]:
+    """The slots of the per-path I/O concurrency cap (none without a cap)."""
+    return () if io_concurrency is None else tuple(PoolSpec(p, io_concurrency) for p in IO_POOLS)
 
 
 class SiteKind(StrEnum):

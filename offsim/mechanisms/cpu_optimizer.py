@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, parallel, tag
+from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, io_pools, parallel, tag
 from offsim.mechanisms.compute import COMPUTE
 from offsim.mechanisms.grads import grad_home
 from offsim.schedule.ops import (
@@ -101,12 +101,13 @@ class CpuOptimizer:
     delayed: bool = False
     on_storage: bool = False
     storage_cache: CacheSpec | None = None
+    io_concurrency: int | None = None
     id: MechanismId = MechanismId.CPU_OPTIMIZER
 
     def setup(self) -> Setup:
-        streams = (StreamSpec(STEP, StreamKind.CPU), StreamSpec("gpu_opt", StreamKind.GPU_COMPUTE))
+        streams = (StreamSpec(STEP, StreamKind.CPU), StreamSpec("gpu_opt", StreamKind.GPU_COMPUTE, in_order=False))
         caches = tuple(c for c in (self.dram_cache, self.storage_cache) if c is not None)
-        return Setup(streams=streams, caches=caches)
+        return Setup(streams=streams, pools=io_pools(self.io_concurrency), caches=caches)
 
     def _t(self, activity: Activity, group: int = -1, label: str = "") -> Tag:
         return tag(activity, self.id, Phase.OPTIMIZER, group=group, label=label)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, parallel, tag
+from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, io_pools, parallel, tag
 from offsim.mechanisms.compute import COMPUTE, grad16
 from offsim.schedule.ops import (
     CUR_MB,
@@ -96,16 +96,19 @@ class Grads:
     layers: tuple[LayerGrads, ...]
     overlap: bool
     host_slots: int | None
+    io_concurrency: int | None = None
     id: MechanismId = MechanismId.GRADS
 
     def setup(self) -> Setup:
         names = ("grad_reduce", "grad_d2h", "grad_host", "grad_nvme", "cpu_update", "param_update_h2d")
-        streams = tuple(StreamSpec(s, StreamKind.CPU if s in ("grad_host", "cpu_update") else StreamKind.COPY)
+        # the layer-wise update runs as one program per layer (in order); the rest are queues
+        streams = tuple(StreamSpec(s, StreamKind.CPU if s in ("grad_host", "cpu_update") else StreamKind.COPY,
+                                   in_order=s == "cpu_update")
                         for s in names)
         pools = [PoolSpec(GRAD_SLOTS, 2)]
         if self.host_slots is not None:
             pools.append(PoolSpec(HOST_GRAD_SLOTS, self.host_slots))
-        return Setup(streams=streams, pools=tuple(pools))
+        return Setup(streams=streams, pools=(*pools, *io_pools(self.io_concurrency)))
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         if site.what is not SiteKind.BACKWARD or stage is not Stage.AFTER:
@@ -193,4 +196,5 @@ class Grads:
             host_buf = TensorRef(TensorKind.BUFFER, unit=u, group=0)
             last = b.add(Free(g.host_tier, host_buf), t(Activity.GRAD_OFFLOAD), "cpu_update", after=[last])
             last = b.add(Release(HOST_GRAD_SLOTS, 1), t(Activity.GRAD_OFFLOAD), "cpu_update", after=[last])
-        return b.add(Join(), t(Activity.OPTIMIZER), after=[last], writes=(grad_home(u),))
+        # the update holds its thread until its parameters are home
+        return b.add(Join(), t(Activity.OPTIMIZER), "cpu_update", after=[last], writes=(grad_home(u),))

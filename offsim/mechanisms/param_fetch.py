@@ -72,8 +72,8 @@ class ParamFetch:
     id: MechanismId = MechanismId.PARAM_FETCH
 
     def setup(self) -> Setup:
-        streams = tuple(StreamSpec(s, k) for s, k in (("param_nvme", StreamKind.AIO), ("param_h2d", StreamKind.COPY),
-                                                       ("param_gather", StreamKind.COPY)))
+        queues = (("param_nvme", StreamKind.AIO), ("param_h2d", StreamKind.COPY), ("param_gather", StreamKind.COPY))
+        streams = tuple(StreamSpec(s, k, in_order=False) for s, k in queues)
         cache = CacheSpec(CacheId.GPU_PARAMS, Tier.GPU, self.budget_bytes,
                           {u: f.gathered_bytes for u, f in enumerate(self.layers)},
                           {u: self._fetch_program(u) for u in range(len(self.layers))},

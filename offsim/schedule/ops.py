@@ -285,11 +285,22 @@ class Repeat:
 
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
-    """An in-order queue. ``records_stalls``: waits of its ops are reported as stalls."""
+    """Where ops run one at a time.
+
+    Attributes:
+        name: the stream.
+        kind: what it is (GPU compute, copy, aio, CPU thread).
+        records_stalls: waits of its ops are reported as stalls (the compute stream).
+        in_order: its ops start in issue order, each after the one issued before it (a CUDA
+            stream, a thread running a program); False: a queue that serves its ops first come,
+            first served as they become ready (copies and aio submitted by host threads when
+            their data is there: DeepSpeed's swappers and prefetchers).
+    """
 
     name: str
     kind: StreamKind
     records_stalls: bool = False
+    in_order: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,7 +253,8 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None) -> LayerGrads:
 
 def grads(c: Ctx) -> Grads:
     slots = fp.layerwise_grad_buffers(c.cfg)
-    return Grads(tuple(_layer_grads(c, lay, slots) for lay in c.layers), c.st.overlap_grad_offload, slots)
+    return Grads(tuple(_layer_grads(c, lay, slots) for lay in c.layers), c.st.overlap_grad_offload, slots,
+                 c.st.io_concurrency)
 
 
 def storage(c: Ctx, read: bool, nbytes: float) -> StorageIO:
@@ -326,7 +327,7 @@ def _dram_cache(c: Ctx, groups: list[float]) -> CacheSpec | None:
     fetch, evict = dram_cache_programs(state, c.host, {g: storage(c, True, b) for g, b in state.items()},
                                        {g: storage(c, False, b) for g, b in state.items()})
     return CacheSpec(CacheId.DRAM_OPTIMIZER, c.host, _int(capacity) if math.isfinite(capacity) else None,
-                     state, fetch, evict, persistent=True)
+                     state, fetch, evict, persistent=True, writes_back=True)
 
 
 def optimizer(c: Ctx) -> CpuOptimizer | GpuOptimizer:
@@ -349,7 +350,7 @@ def optimizer(c: Ctx) -> CpuOptimizer | GpuOptimizer:
     return CpuOptimizer(tuple(_group_io(c, p, cache is not None) for p in groups), _orders(c, len(groups)),
                         st.optimizer_swap_pipeline, n, cache, _int(fp.overflow_check_bytes(c.cfg, sz)),
                         resident * _gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
-                        st.delayed_param_update, on_storage, bypass)
+                        st.delayed_param_update, on_storage, bypass, st.io_concurrency)
 
 
 def static_state(c: Ctx) -> StaticState:
