@@ -92,6 +92,31 @@ def test_report_command_rejects_unknown_names(tmp_path: Path) -> None:
     assert "unknown strategy" in result.output
 
 
+
+def test_report_with_policies_puts_the_decision_first(tmp_path: Path) -> None:
+    """``--policies``: the decision sentence of ``offsim compare`` leads the output and the page."""
+    import json
+
+    out = tmp_path / "p.html"
+    result = runner.invoke(app, ["report", *TINY, "-s", "zero-infinity-cpu", "--iterations", "2", "-o", str(out),
+                                 "--policies", "lru,fifo"])
+    assert result.exit_code == 0, result.output
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("zero-infinity-cpu: policies lru,fifo: With the GPU parameter buffer at"), first
+    page = out.read_text()
+    assert "<h2>Which policy</h2>" in page and page.index("Which policy") < page.index("<h2>Bottleneck</h2>")
+    assert "policies lru,fifo: With the GPU parameter buffer at" in page
+    doc = json.loads(runner.invoke(app, ["report", *TINY, "-s", "zero-infinity-cpu", "--iterations", "2",
+                                         "-o", str(out), "--policies", "lru", "--json"]).stdout)
+    assert doc["runs"][0]["policy_decision"].startswith("policies lru: With")
+
+
+def test_report_with_an_unknown_policy_exits_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["report", *TINY, "-s", "zero-infinity-cpu", "-o", str(tmp_path / "p.html"),
+                                 "--policies", "lru,bogus"])
+    assert result.exit_code == 2
+    assert "unknown policy name 'bogus'" in result.output
+
 # ------------------------------------------------------------------ headless browser
 
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)

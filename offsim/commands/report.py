@@ -3,12 +3,16 @@
 Every combination of the given ``--hardware``, ``--workload`` and ``--strategy`` values is
 simulated (``-s zero-offload -s zero-infinity-cpu`` compares two strategies on one machine);
 the page shows the bottleneck of each in one sentence, headline metrics, the timeline, memory
-and link figures and the per-layer stall table (see :mod:`offsim.report.html`).
+and link figures and the per-layer stall table (see :mod:`offsim.report.html`). With
+``--policies``, each configuration's strategy is also run with those policies (as ``offsim
+compare --policies``) and the decision sentence (which policy, how much it buys, how far from
+the bound) comes first, on the page and in the output.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +33,7 @@ from offsim.commands._common import (
     print_json,
     say,
 )
+from offsim.report.progress import progress_bar
 
 
 def _option(long: str, short: str, what: str) -> typer.models.OptionInfo:
@@ -50,22 +55,36 @@ def report(
     title: Annotated[str | None, typer.Option(help="page title")] = None,
     figures_dir: Annotated[Path | None, typer.Option("--figures", help="also write each run's figures as "
                                                      "standalone HTML files under this folder")] = None,
+    policies: Annotated[str | None, typer.Option(
+        help="also run each configuration with these policies (as offsim compare --policies, e.g. "
+             "lru,fifo,belady) and put the decision sentence first")] = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Simulate one or more configurations and write an HTML report (figures, metrics, bottleneck)."""
+    """Simulate one or more configurations and write an HTML report (figures, metrics, bottleneck;
+    with --policies, which policy to use first)."""
     from offsim.report.figures import run_labels
 
     check_out_file(out)
     check_out_dir(figures_dir, "--figures")
-    results = _simulate_and_write(hardware, workload, strategy, iterations, warmup, out, title, figures_dir,
-                                  quiet or as_json)
-    lines = [(label, _verdict(r)) for label, r in zip(run_labels(results), results, strict=True)]
+    combos = list(itertools.product(hardware, workload, strategy))
+    with progress_bar(len(combos) * (2 if policies else 1) + 1, "simulating", enabled=not (quiet or as_json)) \
+            as advance:
+        results = _simulate(combos, iterations, warmup, advance)
+        labels = run_labels(results)
+        decisions = _policy_decisions(results, labels, policies, iterations, warmup, advance) if policies else {}
+        advance(0, "rendering the report")
+        _write(results, labels, out, title, figures_dir, decisions)
+        advance()
+    lines = [(label, _verdict(r)) for label, r in zip(labels, results, strict=True)]
     if as_json:
         print_json({"out": str(out), "runs": [{"label": label, "feasible": r.feasible, "summary": text,
-                                               "iteration_time_s": r.metrics.iteration_time_s}
+                                               "iteration_time_s": r.metrics.iteration_time_s,
+                                               "policy_decision": decisions.get(label)}
                                               for (label, text), r in zip(lines, results, strict=True)]})
     elif not quiet:
+        for label, text in decisions.items():
+            say(f"{label}: {text}")
         for label, text in lines:
             say(f"{label}: {text}")
         say(f"report written to {out}")
@@ -80,35 +99,56 @@ def _verdict(result: Any) -> str:
     return bottleneck(result).sentence if result.feasible else f"does not fit: {result.metrics.infeasible_reason}"
 
 
-def _simulate_and_write(hardware: list[str], workload: list[str], strategy: list[str], iterations: int,
-                        warmup: int, out: Path, title: str | None, figures_dir: Path | None,
-                        quiet: bool) -> list[Any]:
-    """Simulate every combination (progress on stderr), write the page and the optional figures."""
+def _simulate(combos: list[tuple[str, str, str]], iterations: int, warmup: int,
+              advance: Callable[..., None]) -> list[Any]:
+    """Simulate every (hardware, workload, strategy); bad input exits 2."""
     from offsim import make_run_config, simulate
     from offsim.errors import OffsimError
-    from offsim.report.figures import run_labels, write_figures
-    from offsim.report.html import write_report
-    from offsim.report.progress import progress_bar
 
-    combos = list(itertools.product(hardware, workload, strategy))
     results = []
-    with progress_bar(len(combos) + 1, "simulating", enabled=not quiet) as advance:
-        for hw, wl, st in combos:
-            advance(0, f"simulating {wl} on {hw} with {st}")
-            try:
-                cfg = make_run_config(hw, wl, st, iterations=iterations, warmup_iterations=warmup)
-                results.append(simulate(cfg))
-            except OffsimError as exc:
-                fail(str(exc))
-            advance()
-        advance(0, "rendering the report")
-        write_report(results, out, title)
-        if figures_dir is not None:
-            for label, r in zip(run_labels(results), results, strict=True):
-                if r.feasible:
-                    write_figures(r, figures_dir / _slug(label))
+    for hw, wl, st in combos:
+        advance(0, f"simulating {wl} on {hw} with {st}")
+        try:
+            cfg = make_run_config(hw, wl, st, iterations=iterations, warmup_iterations=warmup)
+            results.append(simulate(cfg))
+        except OffsimError as exc:
+            fail(str(exc))
         advance()
     return results
+
+
+def _policy_decisions(results: list[Any], labels: list[str], policies: str, iterations: int, warmup: int,
+                      advance: Callable[..., None]) -> dict[str, str]:
+    """Per run label, the decision sentence of the policies run on that configuration (its own
+    strategy as the base, the GPU parameter budget it leaves free); bad policy names exit 2."""
+    from offsim.compare import decision, policy_variants, run_variants
+    from offsim.errors import OffsimError
+
+    out = {}
+    for label, r in zip(labels, results, strict=True):
+        advance(0, f"running the policies on {label}")
+        cfg = r.config
+        try:
+            variants = policy_variants(cfg.strategy, policies)
+            table, _ = run_variants(cfg.hardware, cfg.workload, variants, iterations, warmup)
+        except OffsimError as exc:
+            fail(str(exc))
+        out[label] = f"policies {policies}: {decision(table)}"
+        advance()
+    return out
+
+
+def _write(results: list[Any], labels: list[str], out: Path, title: str | None, figures_dir: Path | None,
+           decisions: dict[str, str]) -> None:
+    """Write the page and, with ``--figures``, each feasible run's figures."""
+    from offsim.report.figures import write_figures
+    from offsim.report.html import write_report
+
+    write_report(results, out, title, decisions)
+    if figures_dir is not None:
+        for label, r in zip(labels, results, strict=True):
+            if r.feasible:
+                write_figures(r, figures_dir / _slug(label))
 
 
 def _slug(label: str) -> str:

@@ -1,6 +1,8 @@
 """One self-contained HTML page for a run or a comparison of runs.
 
-The page holds, in order: the bottleneck of each run in one sentence; headline metrics side by
+The page holds, in order: when a policy study was run (``offsim report --policies``), its decision
+per configuration in one sentence (:func:`offsim.compare.decision`); the bottleneck of each run
+in one sentence; headline metrics side by
 side; for a comparison, where each iteration goes, GPU memory and host-link throughput over one
 steady iteration; then per run the timeline, memory and link figures and the per-layer stall
 table; last, the configuration (key fields, then the full resolved configuration as JSON).
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -203,8 +205,13 @@ def _run_section(result: RunResult, label: str, fig_html: _Figures) -> str:
     return "<section class='run'>" + "".join(parts) + "</section>"
 
 
-def render_report(results: Sequence[RunResult], title: str | None = None) -> str:
-    """The HTML page (a string) for one run or several."""
+def render_report(results: Sequence[RunResult], title: str | None = None,
+                  decisions: Mapping[str, str] | None = None) -> str:
+    """The HTML page (a string) for one run or several.
+
+    ``decisions``: per run label, the decision sentence of a policy study on that configuration,
+    shown first.
+    """
     if not results:
         raise ValueError("render_report needs at least one result")
     labels = figures.run_labels(results)
@@ -213,7 +220,11 @@ def render_report(results: Sequence[RunResult], title: str | None = None) -> str
     fig_html = _Figures()
     body = [f"<h1>{_esc(title)}</h1>",
             f'<p class="meta">offsim {_esc(__version__)}; times are per steady-state iteration '
-            "(warm-up left out).</p>", "<h2>Bottleneck</h2>"]
+            "(warm-up left out).</p>"]
+    if decisions:
+        body.append("<h2>Which policy</h2>")
+        body += [f'<p class="bottleneck"><b>{_esc(label)}</b>: {_esc(text)}</p>' for label, text in decisions.items()]
+    body.append("<h2>Bottleneck</h2>")
     for label, r in zip(labels, results, strict=True):
         text = bottleneck(r).sentence if r.feasible else f"does not fit: {r.metrics.infeasible_reason}"
         css = "bottleneck" if r.feasible else "infeasible"
@@ -236,8 +247,9 @@ def render_report(results: Sequence[RunResult], title: str | None = None) -> str
             f"<body>{''.join(body)}</body></html>\n")
 
 
-def write_report(results: Sequence[RunResult], path: Path | str, title: str | None = None) -> Path:
+def write_report(results: Sequence[RunResult], path: Path | str, title: str | None = None,
+                 decisions: Mapping[str, str] | None = None) -> Path:
     """Write :func:`render_report` to ``path``; returns the path."""
     path = Path(path)
-    path.write_text(render_report(results, title), encoding="utf-8")
+    path.write_text(render_report(results, title, decisions), encoding="utf-8")
     return path
