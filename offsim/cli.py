@@ -139,7 +139,10 @@ def _describe_profile(p: Any) -> str:
 
 
 def _describe_workload(w: Any) -> str:
-    return (f"{w.model.total_params / 1e9:.2f}B params, {w.model.layers} layers, seq {w.training.seq_len}, "
+    m = w.model
+    moe = (f" ({m.active_params / 1e9:.2f}B active, {m.moe.experts} experts, top-{m.moe.experts_per_token})"
+           if m.moe is not None else "")
+    return (f"{m.total_params / 1e9:.2f}B params{moe}, {m.layers} layers, seq {w.training.seq_len}, "
             f"micro-batch {w.training.micro_batch}, dp {w.training.data_parallel}")
 
 

@@ -195,7 +195,7 @@ def _rounded_groups(nbytes: float, cfg: RunConfig, alloc: str, home: str, pinned
 
 def gpu_param_window_layers(cfg: RunConfig, sz: StateSizes) -> int:
     """Most layers whose gathered parameters are on the GPU at once when params are streamed."""
-    block = max(1, sz.layers[1].params if len(sz.layers) > 2 else sz.layers[0].params)
+    block = max(1, max(lay.params for lay in sz.layers[1:-1]) if len(sz.layers) > 2 else sz.layers[0].params)
     reuse = int(cfg.strategy.reuse_distance_params // block)
     return min(len(sz.layers), cfg.strategy.prefetch_depth + 1 + reuse)
 
@@ -313,18 +313,31 @@ def deepspeed_zero3_offload(cfg: RunConfig) -> bool:
 
 def _model_tensors(model: ModelShape, name: str) -> list[int]:
     """Elements of each parameter tensor of a whole layer (``embed``, ``block<i>``, ``head``) in
-    Hugging Face module order: the embedding (and learned positions); per block Wq, Wk, Wv, Wo,
-    the MLP matrices, then norms and biases as one small remainder; the final norm, the LM head."""
+    Hugging Face module order: the embedding (and learned positions); per block the attention
+    matrices (:meth:`~offsim.config.workload.ModelShape.attention_matrices`), the MLP matrices (of
+    a mixture-of-experts block: the router, each expert's matrices, the shared experts'), then
+    norms and biases as one small remainder; the final norm, the LM head."""
     h = model.hidden
     if name == "embed":
         return [model.vocab * h] + ([model.max_positions * h] if model.learned_positions else [])
     if name == "head":
         norm = h * (2 if model.bias else 1)
         return [norm] + ([model.head_params - norm] if model.head_params > norm else [])
-    kv = model.kv_heads_count * model.head_dim
-    mats = [h * h, h * kv, h * kv, h * h] + [h * model.ffn_hidden] * (3 if model.mlp == "gated" else 2)
-    rest = model.block_params - sum(mats)
+    index = int(name.removeprefix("block"))
+    mats = model.attention_matrices() + _mlp_tensors(model, index)
+    rest = model.block_params_at(index) - sum(mats)
     return mats + ([rest] if rest > 0 else [])
+
+
+def _mlp_tensors(model: ModelShape, index: int) -> list[int]:
+    """Elements of each MLP weight matrix of block ``index``."""
+    h, n = model.hidden, 3 if model.mlp == "gated" else 2
+    moe = model.moe
+    if moe is None or not model.sparse_block(index):
+        return [h * model.ffn_hidden] * n
+    router = [moe.experts * h] if moe.routed else []
+    shared = [h * moe.shared_experts * moe.shared_width] * n if moe.shared_experts else []
+    return router + [h * moe.expert_ffn_hidden] * (n * moe.experts) + shared
 
 
 def layer_tensors(model: ModelShape, layer: Layer) -> list[int]:

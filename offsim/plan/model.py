@@ -4,7 +4,11 @@ Pure functions of the workload and the GPU; no SimPy. Formulas:
 
 * FLOPs: a GEMM of ``m x k`` by ``k x n`` costs ``2mkn``; backward costs twice forward
   (Kaplan et al. 2020, "6N" rule); attention scores and context add ``4 b s^2 h`` forward
-  (Narayanan et al., SC 2021, Sec. 5.1).
+  (Narayanan et al., SC 2021, Sec. 5.1), with the query width in place of ``h`` when an explicit
+  ``head_dim`` makes them differ.
+* Mixture of experts: a block stores every expert but a token runs through ``k`` of ``E`` routed
+  experts (and the shared ones), so FLOPs and activations follow the active experts only; the
+  router adds an ``h x E`` GEMM.
 * Activation bytes per block with 16-bit activations: Korthikanti et al., "Reducing Activation
   Recomputation in Large Transformer Models" (MLSys 2023, arXiv 2205.05198) Sec. 4.1:
   attention ``11sbh + 5as^2b``, MLP ``19sbh``, norms ``4sbh`` (34sbh + 5as^2b in total),
@@ -67,51 +71,123 @@ class Layer:
         return recomputed + self.grad_work_bytes
 
 
-def block_gemms(wl: Workload) -> list[float]:
-    """FLOPs per GPU of each forward GEMM of one block (QKV, attention scores+context, out,
-    MLP): the whole GEMM divided by the tensor-parallel degree."""
+def block_gemms(wl: Workload, sparse: bool = False) -> list[float]:
+    """FLOPs per GPU of each forward GEMM of one block (QKV, out, MLP, attention scores+context
+    last): the whole GEMM divided by the tensor-parallel degree.
+
+    ``sparse``: the block's MLP is the mixture of experts (:func:`moe_gemms`); only the experts a
+    token is routed to cost FLOPs. With MLA each projection is its own GEMM."""
     m, t = wl.model, wl.training
     tp = t.tensor_parallel
     tokens = t.tokens_per_micro_batch
-    h, f = m.hidden, m.ffn_hidden
-    kv = m.kv_heads_count * m.head_dim
-    gemms = [2.0 * tokens * h * (h + 2 * kv), 2.0 * tokens * h * h]
-    gemms += [2.0 * tokens * h * f] * (3 if m.mlp == "gated" else 2)
-    attention = 4.0 * t.micro_batch * t.seq_len**2 * h  # QK^T and AV
+    h, f, q = m.hidden, m.ffn_hidden, m.q_width
+    if m.mla is None:
+        kv = m.kv_heads_count * m.head_width
+        gemms = [2.0 * tokens * h * (q + 2 * kv), 2.0 * tokens * q * h]
+        attention = 4.0 * t.micro_batch * t.seq_len**2 * q  # QK^T and AV
+    else:
+        gemms = [2.0 * tokens * n for n in m.attention_matrices()]
+        attention = 2.0 * t.micro_batch * t.seq_len**2 * (q + m.kv_width)  # QK^T (nope+rope wide), AV
+    gemms += moe_gemms(wl) if sparse else [2.0 * tokens * h * f] * _matrices(wl)
     gemms.append(attention)
     return [g / tp for g in gemms]
 
 
-def block_activation_bytes(wl: Workload) -> float:
+def _matrices(wl: Workload) -> int:
+    """Weight matrices of one MLP (or expert): three gated, two standard."""
+    return 3 if wl.model.mlp == "gated" else 2
+
+
+def moe_gemms(wl: Workload) -> list[float]:
+    """Forward FLOPs of a mixture-of-experts MLP's GEMMs (whole, before the tensor-parallel split).
+
+    The router is one ``h x E`` GEMM over all tokens (plus the shared expert's ``h x 1`` gate);
+    each routed expert gets ``tokens x k / E`` tokens on average (balanced routing), so it runs its
+    own, smaller GEMMs; shared experts see every token. One expert alone is a dense MLP."""
+    m, t = wl.model, wl.training
+    moe, tokens, h = m.moe, t.tokens_per_micro_batch, m.hidden
+    mats = _matrices(wl)
+    if moe is None:  # a dense model: its MLP
+        return [2.0 * tokens * h * m.ffn_hidden] * mats
+    gemms: list[float] = []
+    if moe.routed:
+        gate = 1 if (moe.shared_expert_gate and moe.shared_experts) else 0
+        gemms.append(2.0 * tokens * h * (moe.experts + gate))
+    per_expert = 2.0 * tokens * moe.experts_per_token / moe.experts * h * moe.expert_ffn_hidden
+    gemms += [per_expert] * (mats * moe.experts)
+    if moe.shared_experts:
+        gemms += [2.0 * tokens * h * moe.shared_experts * moe.shared_width] * mats
+    return gemms
+
+
+def _attention_activation_bytes(wl: Workload) -> tuple[float, float]:
+    """Attention bytes kept for backward: (replicated over tensor parallelism, split ``t`` ways).
+
+    Replicated: the attention input and its dropout mask (3sbh). Split: Q, K, V and the context
+    (``8sbh`` for MHA), MLA's latents (the inputs of its up-projections), and without flash
+    attention the scores, softmax and dropout mask (``5as^2b``)."""
+    m, t = wl.model, wl.training
+    s, b, h, q = t.seq_len, t.micro_batch, m.hidden, m.q_width
+    if m.mla is None:
+        kv = m.kv_heads_count * m.head_width
+        split = 4 * s * b * q + 4 * s * b * kv  # Q, K, V, context; = 8sbh for MHA
+    else:
+        a = m.mla
+        latents = (a.q_lora_rank or 0) + a.kv_lora_rank + a.qk_rope_head_dim
+        split = 2 * s * b * (2 * q + 2 * m.kv_width + latents)  # Q, K (nope+rope), V, context
+    if not t.flash_attention:
+        split += 5 * m.heads * s * s * b  # scores, softmax, dropout mask
+    return 3 * s * b * h, split
+
+
+def _mlp_activation_bytes(wl: Workload, sparse: bool) -> tuple[float, float]:
+    """MLP bytes kept for backward: (replicated, split ``t`` ways). Gated: the input (2sbh) and per
+    inner unit gate, up and activation output (6 bytes); standard: input and dropout mask (3sbh)
+    and 4 bytes per inner unit (16sbh for f = 4h). A routed MoE keeps, per chosen expert, the
+    token's dispatched copy (2sbh) and the expert's inner activations, plus the router's fp32
+    probabilities (4sbE); shared experts keep their inner activations."""
+    m, t = wl.model, wl.training
+    s, b, h = t.seq_len, t.micro_batch, m.hidden
+    gated = m.mlp == "gated"
+    replicated, per_unit = (2 * s * b * h, 6 * s * b) if gated else (3 * s * b * h, 4 * s * b)
+    moe = m.moe
+    if not sparse or moe is None:
+        return replicated, per_unit * m.ffn_hidden
+    k = moe.experts_per_token
+    split = k * per_unit * moe.expert_ffn_hidden + moe.shared_experts * per_unit * moe.shared_width
+    if moe.routed:
+        split += k * 2 * s * b * h + 4 * s * b * moe.experts
+    return replicated, split
+
+
+def block_activation_bytes(wl: Workload, sparse: bool = False) -> float:
     """Bytes one block keeps for backward without checkpointing, per GPU (Korthikanti et al.
     Sec. 4.1; Sec. 4.2.1 for what tensor parallelism splits).
 
     Replicated on every GPU of a tensor-parallel group: the attention and MLP inputs (2sbh each),
-    their dropout masks (sbh each; a gated MLP has none) and the norms' inputs (4sbh), 10sbh in
-    all. Split ``t`` ways:
-    Q, K, V, the scores, softmax and its dropout, the context (attention) and the MLP's inner
-    activations."""
+    their dropout masks (sbh each; a gated MLP has none) and the norms' inputs (2sbh per norm, 4sbh
+    with two). Split ``t`` ways: Q, K, V, the scores, softmax and its dropout, the context
+    (attention) and the MLP's inner activations (:func:`_mlp_activation_bytes`)."""
     m, t = wl.model, wl.training
-    s, b, h, f = t.seq_len, t.micro_batch, m.hidden, m.ffn_hidden
-    kv = m.kv_heads_count * m.head_dim
-    attn_split = 4 * s * b * h + 4 * s * b * kv  # Q, K, V, context; = 8sbh for MHA
-    if not t.flash_attention:
-        attn_split += 5 * m.heads * s * s * b  # scores, softmax, dropout mask
-    if m.mlp == "gated":
-        mlp_replicated, mlp_split = 2 * s * b * h, 6 * s * b * f  # input; gate, up, activation output
-    else:
-        mlp_replicated, mlp_split = 3 * s * b * h, 4 * s * b * f  # input + dropout mask; 16sbh for f = 4h
-    replicated = 3 * s * b * h + mlp_replicated + 4 * s * b * h  # attention input + mask, MLP, norms
+    s, b, h = t.seq_len, t.micro_batch, m.hidden
+    attn_replicated, attn_split = _attention_activation_bytes(wl)
+    mlp_replicated, mlp_split = _mlp_activation_bytes(wl, sparse)
+    replicated = attn_replicated + mlp_replicated + 2 * m.norms_per_block * s * b * h
     return float(replicated + (attn_split + mlp_split) / t.tensor_parallel)
 
 
-def largest_activation_bytes(wl: Workload) -> float:
+def largest_activation_bytes(wl: Workload, sparse: bool = False) -> float:
     """Bytes of the largest single activation tensor of a block (16-bit): the MLP's inner
-    activation, or the attention scores when they are materialised (per GPU: both split over the
-    tensor-parallel group, the hidden-size tensors replicated)."""
+    activation (of a routed MoE: all dispatched tokens' expert activations, as grouped-GEMM
+    implementations hold them), or the attention scores when they are materialised (per GPU: both
+    split over the tensor-parallel group, the hidden-size tensors replicated)."""
     m, t = wl.model, wl.training
     tokens, tp = t.tokens_per_micro_batch, t.tensor_parallel
-    largest = 2.0 * tokens * max(m.ffn_hidden / tp, m.hidden)
+    inner = m.ffn_hidden
+    if sparse and m.moe is not None:
+        moe = m.moe
+        inner = max(moe.experts_per_token * moe.expert_ffn_hidden, moe.shared_experts * moe.shared_width)
+    largest = 2.0 * tokens * max(inner / tp, m.hidden)
     if not t.flash_attention:
         largest = max(largest, 2.0 * m.heads * t.seq_len * t.seq_len * t.micro_batch / tp)
     return largest
@@ -123,40 +199,48 @@ def _gemm_time_s(gpu: GPU, dtype: str, flop: float) -> float:
     return flop / (gpu.peak_flops(dtype) * gpu.gemm_fraction(flop))
 
 
-def block_forward_s(wl: Workload, gpu: GPU) -> float:
+def block_forward_s(wl: Workload, gpu: GPU, sparse: bool = False) -> float:
     """Forward time of one block: GEMMs at their efficiency plus memory-bound elementwise work.
 
     Elementwise work (norms, activation function, residual adds, softmax) is charged as the
     block's activation bytes read once and written once at HBM bandwidth.
     """
     dtype = wl.precision.compute
-    *dense, attention = block_gemms(wl)
+    *dense, attention = block_gemms(wl, sparse)
     t = sum(_gemm_time_s(gpu, dtype, g) for g in dense)
     # attention over all heads and sequences runs as one batched kernel (bmm or a fused
     # attention kernel), so its efficiency follows the total work, not one head's
     t += _gemm_time_s(gpu, dtype, attention)
-    t += 2 * block_activation_bytes(wl) / gpu.hbm_bytes_per_s
+    t += 2 * block_activation_bytes(wl, sparse) / gpu.hbm_bytes_per_s
     return t
 
 
 def build_layers(wl: Workload, gpu: GPU) -> list[Layer]:
     """Embedding, ``layers`` blocks and the LM head, in forward order; parameters, FLOPs and
-    activations are one GPU's share of its tensor-parallel group."""
+    activations are one GPU's share of its tensor-parallel group.
+
+    A mixture-of-experts block owns all its experts' parameters (stored, fetched, updated) while its
+    FLOPs and activations are those of the experts its tokens are routed to."""
     m, t = wl.model, wl.training
     tokens, tp = t.tokens_per_micro_batch, t.tensor_parallel
     act_bytes = DTYPE_BYTES["bf16"]  # activations are kept in 16-bit under mixed precision
     hidden_bytes = act_bytes * tokens * m.hidden
-    fwd_block = block_forward_s(wl, gpu)
-    block_flop = sum(block_gemms(wl))
-    act_block = block_activation_bytes(wl)
+    kinds = {sparse: _block_costs(wl, gpu, sparse) for sparse in {m.sparse_block(i) for i in range(m.layers)}}
     layers = [Layer(0, "embed", _split(m.embedding_params, tp), 0.0, hidden_bytes / gpu.hbm_bytes_per_s,
                     hidden_bytes / gpu.hbm_bytes_per_s, hidden_bytes, hidden_bytes, hidden_bytes)]
-    block_grads = 2 * largest_activation_bytes(wl)
     for i in range(m.layers):
-        layers.append(Layer(i + 1, f"block{i}", _split(m.block_params, tp), block_flop, fwd_block, 2 * fwd_block,
-                            act_block, hidden_bytes, block_grads))
+        block_flop, fwd_block, act_block, block_grads = kinds[m.sparse_block(i)]
+        layers.append(Layer(i + 1, f"block{i}", _split(m.block_params_at(i), tp), block_flop, fwd_block,
+                            2 * fwd_block, act_block, hidden_bytes, block_grads))
     layers.append(_head_layer(wl, gpu, m.layers + 1, hidden_bytes))
     return layers
+
+
+def _block_costs(wl: Workload, gpu: GPU, sparse: bool) -> tuple[float, float, float, float]:
+    """Forward FLOPs, forward seconds, kept activation bytes and backward gradient bytes of a
+    dense (or, with ``sparse``, a mixture-of-experts) block."""
+    return (sum(block_gemms(wl, sparse)), block_forward_s(wl, gpu, sparse), block_activation_bytes(wl, sparse),
+            2 * largest_activation_bytes(wl, sparse))
 
 
 def _split(params: int, tp: int) -> int:
@@ -193,5 +277,9 @@ def model_flop_per_iteration(wl: Workload) -> float:
     """Model FLOPs of one optimizer step on one GPU (forward + backward, no recompute; one
     GPU's share under tensor parallelism)."""
     m = wl.model
-    per_micro = m.layers * sum(block_gemms(wl)) + head_flop(wl)
+    sparse = sum(m.sparse_block(i) for i in range(m.layers))
+    blocks = (m.layers - sparse) * sum(block_gemms(wl))
+    if sparse:
+        blocks += sparse * sum(block_gemms(wl, sparse=True))
+    per_micro = blocks + head_flop(wl)
     return 3.0 * per_micro * wl.training.grad_accumulation
