@@ -64,8 +64,12 @@ def test_bound_is_below_the_simulated_time_and_infeasible_agrees(overrides):
         bound,
         result.metrics.iteration_time_s,
     )
+    spans = result.spans()
+    last = spans[spans.iteration == spans.iteration.max()]
     for link in ("h2d", "d2h", "nvme_read", "nvme_write"):  # the bytes counted are really moved
-        assert bound.traffic_bytes[link] <= getattr(result.metrics.traffic_bytes, link) * (1 + 1e-9) + 1
+        # the schedule rounds each transfer to whole bytes (at most half a byte each)
+        rounding = 0.5 * int((last.resource == link).sum()) + 1
+        assert bound.traffic_bytes[link] <= getattr(result.metrics.traffic_bytes, link) * (1 + 1e-9) + rounding
 
 
 def test_bound_is_tight_when_only_compute_runs():

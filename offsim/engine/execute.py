@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from offsim.core.enums import CacheId, Phase
+from offsim.core.enums import Activity, CacheId, Phase
 from offsim.engine.flows import Flow as NetFlow
 from offsim.engine.flows import FlowNetwork
 from offsim.engine.hooks import CachePolicy, FetchTracker, PolicyCache
@@ -40,6 +40,7 @@ from offsim.schedule.ops import (
     Flow,
     Flush,
     Free,
+    Instance,
     Join,
     Op,
     Prefetch,
@@ -80,6 +81,16 @@ def duplex_rule(efficiency: float) -> Callable[[set[str], dict[str, float]], dic
     return rule
 
 
+#: span names: what an activity moves (display only)
+_NOUN = {
+    Activity.PARAM_FETCH: "params", Activity.PARAM_GATHER: "params all-gather", Activity.PARAM_UPDATE: "params",
+    Activity.GRAD_REDUCE: "grads", Activity.GRAD_OFFLOAD: "grads", Activity.GRAD_ACCUMULATE: "grads accumulate",
+    Activity.GRAD_CAST: "grads to fp32", Activity.ACT_OFFLOAD: "activations", Activity.ACT_FETCH: "activations",
+    Activity.OPT_SWAP_IN: "state in", Activity.OPT_SWAP_OUT: "state out", Activity.OPT_H2D: "state to GPU",
+    Activity.OPT_D2H: "state to host", Activity.OPTIMIZER: "CPU Adam",
+}
+
+
 class Executor:
     """One run of a schedule; :meth:`run` returns the SimPy events processed."""
 
@@ -115,7 +126,7 @@ class Executor:
         for inst in self.schedule.instances():  # the access sequences, for policies that read ahead
             for op in inst.block.ops:
                 if isinstance(op.body, Access):
-                    self.caches[op.body.cache].on_walk(inst.iteration, op.body.unit)
+                    self.caches[op.body.cache].on_walk(inst.iteration, op.body.unit, self._where(op, inst))
             self.iterations = max(self.iterations, inst.iteration + 1)
         self._cursor = self._walk()
         self._advance()
@@ -280,7 +291,7 @@ class Executor:
             self._stall(node, self.env.now)
         node.finished = True
         if node.request is not None:
-            queue, req = node.request  # type: ignore[misc]
+            queue, req = node.request
             queue.release(req)
         self.end_s = max(self.end_s, self.env.now)
         self._track_main(node, end=True)
@@ -300,14 +311,24 @@ class Executor:
             return names[t.layer]
         return f"sub-group {t.group}" if t.group >= 0 else ""
 
+    def _where(self, op: Op, inst: Instance) -> str:
+        """An op instance, for messages: "forward block3, micro-batch 0, iteration 1"."""
+        names, t = self.schedule.unit_names, op.tag
+        unit = names[t.layer] if 0 <= t.layer < len(names) else f"sub-group {t.group}" if t.group >= 0 else ""
+        mb = f", micro-batch {inst.micro_batch}" if inst.micro_batch >= 0 else ""
+        return f"{t.phase} {unit}{mb}, iteration {inst.iteration}"
+
     def _what(self, node: Node) -> str:
+        """The span name: the layer and the op's label, or the unit and what its activity moves."""
         t = node.op.tag
-        return " ".join(x for x in (self._label(node), t.label or str(t.activity)) if x)
+        if t.label:
+            names = self.schedule.unit_names
+            return f"{names[t.layer]} {t.label}" if 0 <= t.layer < len(names) else t.label
+        return " ".join(x for x in (self._label(node), _NOUN.get(t.activity, str(t.activity))) if x)
 
     def _kernel_done(self, node: Node) -> None:
         t = node.op.tag
-        name = " ".join(x for x in (self._label(node), t.label or str(t.activity)) if x)
-        self.rec.span(Span(node.iteration, node.phase, "gpu", str(t.activity), name, t.layer, node.start_s,
+        self.rec.span(Span(node.iteration, node.phase, "gpu", str(t.activity), self._what(node), t.layer, node.start_s,
                            self.env.now))
         self._finish(node)
 

@@ -51,6 +51,7 @@ class PolicyCache:
         self.note_peak, self.gpu_free_bytes = note_peak, gpu_free_bytes
         self.sequences: dict[int, list[int]] = {}  # per iteration (one list, key 0, when persistent)
         self.counters: dict[int, int] = {}
+        self.where: dict[int, list[str]] = {}
         self.cache: Cache | None = None
         self.cache_key = -1
         self.present: dict[int, Node] = {}  # unit -> its fetch (done or in flight)
@@ -61,9 +62,11 @@ class PolicyCache:
     def _key(self, iteration: int) -> int:
         return 0 if self.spec.persistent else iteration
 
-    def on_walk(self, iteration: int, unit: int) -> None:
-        """Add an access to the sequence (a walk of the schedule before the run)."""
+    def on_walk(self, iteration: int, unit: int, where: str) -> None:
+        """Add an access to the sequence (a walk of the schedule before the run); ``where``
+        names it in messages."""
         self.sequences.setdefault(self._key(iteration), []).append(unit)
+        self.where.setdefault(self._key(iteration), []).append(where)
 
     def on_issue(self, node: Node) -> None:
         """Number an access as the schedule issues it."""
@@ -75,7 +78,9 @@ class PolicyCache:
         key = self._key(iteration)
         if self.cache is None or self.cache_key != key:
             cap = math.inf if self.spec.capacity_bytes is None else self.spec.capacity_bytes
-            self.cache = Cache(str(self.spec.id), self.policy.eviction, self.sequences[key], self.spec.unit_bytes, cap)
+            where = self.where[key]
+            self.cache = Cache(str(self.spec.id), self.policy.eviction, self.sequences[key], self.spec.unit_bytes, cap,
+                               lambda p: f"op {p} ({where[p]})")
             self.cache_key, self.issued = key, 0
         return self.cache
 
@@ -91,8 +96,8 @@ class PolicyCache:
             return
         for f in prefetch.fetches(self._view(cache, node.position)):
             if f.position != self.issued or f.position >= len(cache.sequence):
-                raise PolicyError(f"prefetch policy '{prefetch.name}' before access {node.position}: asks for "
-                                  f"access {f.position}, but prefetches go in order and the next is "
+                raise PolicyError(f"prefetch policy '{prefetch.name}' before op {node.position}: asks for "
+                                  f"op {f.position}, but prefetches go in order and the next is op "
                                   f"{self.issued} (of {len(cache.sequence)})")
             if not self._issue(node, f.position, due=False):
                 break
@@ -171,7 +176,7 @@ class FetchTracker:
         self.spec, self.run, self.gpu_free_bytes = spec, run, gpu_free_bytes
         self.present: dict[tuple[int, int, int], Node] = {}
 
-    def on_walk(self, iteration: int, unit: int) -> None:
+    def on_walk(self, iteration: int, unit: int, where: str) -> None:
         """No sequence is kept."""
 
     def on_issue(self, node: Node) -> None:

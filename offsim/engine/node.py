@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from offsim.schedule.ops import Op
 
@@ -49,4 +50,4 @@ class Node:
         self.start_s = 0.0
         self.position = -1
         self.stream_pred: Node | None = None
-        self.request: object = None  # the queue slot it holds while it runs
+        self.request: tuple[Any, Any] | None = None  # (queue, slot) it holds while it runs

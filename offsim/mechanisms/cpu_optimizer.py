@@ -148,9 +148,9 @@ class CpuOptimizer:
         reading = self._read(b, order[0], first, after=[b.last_on(STEP) or 0])
         for k, g in enumerate(order):
             io = self.groups[g]
-            wait = Wait("the sub-group's state", CacheId.DRAM_OPTIMIZER) if self.on_storage else None
+            stall = Wait("the sub-group's state", CacheId.DRAM_OPTIMIZER) if self.on_storage else None
             got = b.add(Join(), self._t(Activity.OPT_SWAP_IN, g, "waits for the sub-group's state"), STEP,
-                        after=[reading], stall=wait)
+                        after=[reading], stall=stall)
             if self.pipeline and k + 1 < len(order):
                 reading = self._read(b, order[k + 1], first, after=[got])
             adam = b.add(io.adam, self._t(Activity.OPTIMIZER, g, f"CPU Adam sub-group {g}"), STEP)

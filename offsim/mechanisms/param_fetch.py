@@ -106,7 +106,8 @@ class ParamFetch:
         phase = Phase.FORWARD if site.what is SiteKind.FORWARD else Phase.BACKWARD
         t = tag(Activity.PARAM_FETCH, self.id, phase, site.layer)
         if site.what is SiteKind.ITERATION_END and stage is Stage.DONE:
-            b.add(Flush(CacheId.GPU_PARAMS), tag(Activity.PARAM_FETCH, self.id, Phase.BACKWARD), COMPUTE)
+            # the iteration's end, before the step: counted in the optimizer phase
+            b.add(Flush(CacheId.GPU_PARAMS), tag(Activity.PARAM_FETCH, self.id, Phase.OPTIMIZER), COMPUTE)
         elif site.what not in (SiteKind.FORWARD, SiteKind.BACKWARD):
             return
         elif stage is Stage.ISSUE:
