@@ -31,6 +31,7 @@ from offsim.engine.memory import Memory
 from offsim.engine.node import Node
 from offsim.schedule.analysis import bind
 from offsim.schedule.ops import (
+    CUR_MB,
     Access,
     Acquire,
     Alloc,
@@ -115,6 +116,7 @@ class Executor:
                                                    self._peak_noter(str(spec.id)), self.memory.gpu_free_bytes)
         self.queues = {s.name: simpy.Resource(self.env, capacity=1) for s in schedule.streams if not s.in_order}
         self.stream_last: dict[str, Node] = {}
+        self._bound: dict[tuple[TensorRef, int], TensorRef] = {}
         self.last_write: dict[TensorRef, Node] = {}
         self.phases: dict[tuple[int, int, str], list[float]] = {}
         self.iterations = 0
@@ -160,8 +162,11 @@ class Executor:
     def _issue(self, node: Node, after: list[Node], micro_batch: int) -> None:
         """Bind ``node``'s dependencies; start it if none is pending."""
         op = node.op
-        deps = list(after) + [self.last_write[r] for r in (bind(x, micro_batch) for x in op.reads)
-                              if r in self.last_write]
+        deps = list(after)
+        for x in op.reads:
+            w = self.last_write.get(self._bind(x, micro_batch))
+            if w is not None:
+                deps.append(w)
         queue = self.queues.get(op.stream) if op.stream is not None else None
         if op.stream is not None and queue is None:
             pred = self.stream_last.get(op.stream)
@@ -169,8 +174,8 @@ class Executor:
                 node.stream_pred = pred
                 deps.append(pred)
             self.stream_last[op.stream] = node
-        for w in op.writes:
-            self.last_write[bind(w, micro_batch)] = node
+        for ref in op.writes:
+            self.last_write[self._bind(ref, micro_batch)] = node
         if isinstance(op.body, Access):
             self.caches[op.body.cache].on_issue(node)
         node.head_s = self.env.now
@@ -184,6 +189,16 @@ class Executor:
         req = queue.request()
         node.request = (queue, req)
         req.callbacks.append(lambda _e: self._start(node))
+
+    def _bind(self, ref: TensorRef, micro_batch: int) -> TensorRef:
+        """``ref`` with the enclosing micro-batch filled in (memoized: one object per version)."""
+        if ref.mb != CUR_MB:
+            return ref
+        key = (ref, micro_batch)
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = bind(ref, micro_batch)
+        return bound
 
     def _wait_all(self, node: Node, deps: list[Node], then: Callable[[], None]) -> None:
         """Call ``then`` once every node of ``deps`` has finished (now if they have)."""
@@ -227,10 +242,11 @@ class Executor:
         elif isinstance(body, Flow):
             self._start_flow(node, body)
         elif isinstance(body, Alloc):
-            self.memory.hold(body.tier, bind(body.tensor, node.micro_batch), body.nbytes, self._what(node))
+            self.memory.hold(body.tier, self._bind(body.tensor, node.micro_batch), body.nbytes,
+                             lambda: self._what(node))
             self._finish(node)
         elif isinstance(body, Free):
-            self.memory.free(body.tier, bind(body.tensor, node.micro_batch))
+            self.memory.free(body.tier, self._bind(body.tensor, node.micro_batch))
             self._finish(node)
         elif isinstance(body, Acquire):
             self.pools[body.pool].get(body.amount).callbacks.append(lambda _e: self._acquired(node))
@@ -295,13 +311,9 @@ class Executor:
             queue.release(req)
         self.end_s = max(self.end_s, self.env.now)
         self._track_main(node, end=True)
-        ev = self.env.event()
         waiters, node.waiters = node.waiters, []
-        def wake(_e: simpy.Event) -> None:
-            for w in waiters:
-                w()
-        ev.callbacks.append(wake)
-        ev.succeed()
+        for w in waiters:
+            w()
 
     # ------------------------------------------------------------ records
     def _label(self, node: Node) -> str:

@@ -55,10 +55,11 @@ class Memory:
         """GPU memory not held now."""
         return self.capacity_bytes["gpu"] - self.rank_bytes[Tier.GPU]
 
-    def hold(self, tier: Tier, key: Hashable, nbytes: int, what: str) -> None:
-        """``key`` takes ``nbytes`` of ``tier``; raises InfeasibleError if a tier overflows."""
+    def hold(self, tier: Tier, key: Hashable, nbytes: int, what: Callable[[], str]) -> None:
+        """``key`` takes ``nbytes`` of ``tier``; raises InfeasibleError if a tier overflows
+        (``what`` names the holder in messages)."""
         if (tier, key) in self.held:
-            raise ScheduleError(f"{key} is allocated twice on {tier} ({what})")
+            raise ScheduleError(f"{key} is allocated twice on {tier} ({what()})")
         self.held[(tier, key)] = nbytes
         if nbytes > 0:
             self.rank_bytes[tier] += nbytes
@@ -71,15 +72,15 @@ class Memory:
             raise ScheduleError(f"{key} is freed on {tier} but holds nothing there")
         if nbytes > 0:
             self.rank_bytes[tier] -= nbytes
-            self._update("")
+            self._update(lambda: "")
 
-    def _update(self, what: str) -> None:
+    def _update(self, what: Callable[[], str]) -> None:
         t = self.now()
         for tier, level in self.levels().items():
             cap = self.capacity_bytes[tier]
             if level > cap * (1 + 1e-9):
                 scope = {"gpu": "per GPU", "pfs": "for the job"}.get(tier, "per node")
-                raise InfeasibleError(tier, level, cap, f"{scope}, at t={t:.4f} s while allocating {what}")
+                raise InfeasibleError(tier, level, cap, f"{scope}, at t={t:.4f} s while allocating {what()}")
             if level > self.peak_bytes[tier]:
                 self.peak_bytes[tier] = level
             self.on_level(t, tier, level)
