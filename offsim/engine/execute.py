@@ -249,7 +249,7 @@ class Executor:
             self.memory.free(body.tier, self._bind(body.tensor, node.micro_batch))
             self._finish(node)
         elif isinstance(body, Acquire):
-            self.pools[body.pool].get(body.amount).callbacks.append(lambda _e: self._acquired(node))
+            self.pools[body.pool].get(body.amount).callbacks.append(lambda _e: self._finish(node))
         elif isinstance(body, Release):
             self.pools[body.pool].put(body.amount)
             self._finish(node)
@@ -269,7 +269,7 @@ class Executor:
             cache.prefetch(node, body)
             self._finish(node)
         elif isinstance(body, Ready):
-            self._wait_all(node, [cache.ready(node)], lambda: self._acquired(node))
+            self._wait_all(node, [cache.ready(node)], lambda: self._finish(node))
         elif isinstance(body, Done):
             self._wait_all(node, cache.done(node), lambda: self._finish(node))
         elif isinstance(body, Flush):
@@ -278,28 +278,21 @@ class Executor:
                 self._finish(node)
             self._wait_all(node, cache.flush_waits(), flush)
 
-    def _acquired(self, node: Node) -> None:
-        """A wait inside the op (pool, cache) has ended."""
-        self._finish(node)
-
     def _start_flow(self, node: Node, body: Flow) -> None:
         meta = {"node": node, "name": self._what(node)}
         usage = {str(r): c for r, c in body.usage}
         if not body.copy_engine:
             self.net.start(body.nbytes, usage, body.cap_bytes_per_s, meta).callbacks.append(
-                lambda _e: self._flow_end(node))
+                lambda _e: self._finish(node))
             return
         req = self.copy_engines.request()
 
         def go(_e: simpy.Event) -> None:
             def end(_d: simpy.Event) -> None:
                 self.copy_engines.release(req)
-                self._flow_end(node)
+                self._finish(node)
             self.net.start(body.nbytes, usage, body.cap_bytes_per_s, meta).callbacks.append(end)
         req.callbacks.append(go)
-
-    def _flow_end(self, node: Node) -> None:
-        self._finish(node)
 
     def _finish(self, node: Node) -> None:
         """The op has run (a wait of the stream until now is a stall when the op says so)."""
@@ -316,19 +309,20 @@ class Executor:
             w()
 
     # ------------------------------------------------------------ records
-    def _label(self, node: Node) -> str:
-        t = node.op.tag
-        names = self.schedule.unit_names
+    def _unit(self, op: Op) -> str:
+        """The layer's name, or the sub-group, an op works on ("" for neither)."""
+        t, names = op.tag, self.schedule.unit_names
         if 0 <= t.layer < len(names):
             return names[t.layer]
         return f"sub-group {t.group}" if t.group >= 0 else ""
 
+    def _label(self, node: Node) -> str:
+        return self._unit(node.op)
+
     def _where(self, op: Op, inst: Instance) -> str:
         """An op instance, for messages: "forward block3, micro-batch 0, iteration 1"."""
-        names, t = self.schedule.unit_names, op.tag
-        unit = names[t.layer] if 0 <= t.layer < len(names) else f"sub-group {t.group}" if t.group >= 0 else ""
         mb = f", micro-batch {inst.micro_batch}" if inst.micro_batch >= 0 else ""
-        return f"{t.phase} {unit}{mb}, iteration {inst.iteration}"
+        return f"{op.tag.phase} {self._unit(op)}{mb}, iteration {inst.iteration}"
 
     def _what(self, node: Node) -> str:
         """The span name: the layer and the op's label, or the unit and what its activity moves."""

@@ -20,6 +20,7 @@ import simpy
 
 from offsim.config.hardware import TransferCurve
 from offsim.config.run import RunConfig
+from offsim.engine import execute
 from offsim.engine.flows import FlowNetwork
 from offsim.plan import paths
 from offsim.plan.footprint import StateSizes
@@ -35,18 +36,7 @@ def resource_capacities(cfg: RunConfig, sz: StateSizes) -> dict[str, float]:
     return {str(r): c for r, c in paths.resource_capacities(cfg, sz.ranks_per_node, sz.dp).items()}
 
 
-def duplex_rule(efficiency: float):
-    """Capacity rule: both PCIe directions busy keeps ``efficiency`` of each one's rate."""
-
-    def rule(busy: set[str], capacity: dict[str, float]) -> dict[str, float]:
-        if efficiency >= 1.0 or not ("h2d" in busy and "d2h" in busy):
-            return capacity
-        adjusted = dict(capacity)
-        adjusted["h2d"] *= efficiency
-        adjusted["d2h"] *= efficiency
-        return adjusted
-
-    return rule
+duplex_rule = execute.duplex_rule  # one definition, with the executor's
 
 
 class Transfers:
