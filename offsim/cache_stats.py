@@ -22,12 +22,15 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from offsim.policies.bounds import BoundMethod, CacheBound, Problem, bound, build_problem, kept_intervals
 from offsim.policies.opt import optimal_plan
 from offsim.trace import CacheEvent, Recorder
+
+if TYPE_CHECKING:  # the bounds need SciPy: imported where a bound is computed, not by every run
+    from offsim.policies.bounds import CacheBound, Problem
 
 
 class CacheStats(BaseModel):
@@ -150,6 +153,7 @@ def _replays(problem: Problem, sequence: list[int], sizes: dict[int, float],
     from offsim.engine.cache import Cache
     from offsim.policies.belady import Belady
     from offsim.policies.belady_size import BeladySize
+    from offsim.policies.bounds import kept_intervals
 
     out = []
     for policy in (Belady(), BeladySize()):
@@ -170,6 +174,8 @@ Pairs = tuple[tuple[int, float], ...]  # a mapping, hashable (for the cache of b
 def _bound(sequence: tuple[int, ...], sizes: Pairs, capacity_bytes: float, read: Pairs, write: Pairs,
            warm_start: bool) -> CacheBound:
     """One window's bounds (memoised: every policy of a comparison sees the same sequence)."""
+    from offsim.policies.bounds import bound, build_problem
+
     seq, size = list(sequence), dict(sizes)
     problem = build_problem(seq, size, capacity_bytes, dict(read), dict(write), warm_start)
     return bound(problem, _replays(problem, seq, size, capacity_bytes))
@@ -193,6 +199,8 @@ def cache_bound(rec: Recorder, cache: str, steady: list[int],
         read_bytes_per_byte: per tensor, bytes a miss moves over all links per byte of the tensor
             (default 1: the cache's own bytes).
     """
+    from offsim.policies.bounds import BoundMethod, CacheBound
+
     info = rec.cache_info[cache]
     capacity = math.inf if info["capacity_bytes"] is None else float(info["capacity_bytes"])
     windows = [steady] if info["persistent"] else [[it] for it in steady]

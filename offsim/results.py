@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from offsim.config.run import RunConfig
 from offsim.core import strict_json
 from offsim.core._version import __version__
 from offsim.metrics import RunMetrics
 from offsim.trace import Recorder
+
+if TYPE_CHECKING:  # frames are built by the Recorder, which imports pandas then
+    import pandas as pd
 
 
 @dataclass
@@ -48,12 +49,17 @@ class RunResult:
         return self.recorder.levels_frame()
 
     def to_dict(self) -> dict[str, Any]:
-        """Metrics plus what produced them, JSON-serialisable."""
+        """Metrics plus what produced them, JSON-serialisable. ``params_total`` and
+        ``params_active`` are the model's parameters stored and updated, and those one token uses
+        (equal without mixture-of-experts; :class:`~offsim.config.workload.ModelShape`)."""
+        model = self.config.workload.model
         return {
             **self.metrics.model_dump(),
             "hardware": self.config.hardware.name,
             "workload": self.config.workload.name,
             "strategy": self.config.strategy.name,
+            "params_total": model.total_params,
+            "params_active": model.active_params,
             "iterations": self.config.iterations,
             "warmup_iterations": self.config.warmup_iterations,
             "footprint_bytes": self.footprint_bytes,

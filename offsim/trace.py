@@ -7,8 +7,10 @@ how the metrics are computed) but skip the DataFrame conversion.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a frame is built, not by every run (issue 16)
+    import pandas as pd
 
 SPAN_COLUMNS = ["iteration", "phase", "resource", "kind", "name", "layer", "start_s", "end_s", "bytes"]
 LEVEL_COLUMNS = ["t_s", "tier", "bytes"]
@@ -102,8 +104,12 @@ class Recorder:
 
     def spans_frame(self) -> pd.DataFrame:
         """Spans as a DataFrame with :data:`SPAN_COLUMNS`."""
+        import pandas as pd
+
         return pd.DataFrame([asdict(s) for s in self.spans], columns=SPAN_COLUMNS)
 
     def levels_frame(self) -> pd.DataFrame:
         """Level samples as a DataFrame with :data:`LEVEL_COLUMNS`."""
+        import pandas as pd
+
         return pd.DataFrame([asdict(s) for s in self.levels], columns=LEVEL_COLUMNS)
