@@ -1,0 +1,353 @@
+"""``offsim fit``: will this model train on this machine, with which strategy, and how fast.
+
+For each strategy (every shipped one, or those given with ``-s``), the planner's peak of each
+memory tier (:func:`offsim.plan.footprint.footprint`: per GPU; pinned host, host and NVMe per
+node; start-up transients of pinning included) is checked against the profile's capacity. Those
+that fit are simulated (:func:`offsim.simulate`, the same iterations as ``offsim run``) and
+listed fastest first; those that do not fit are not simulated and follow with the tier, the need
+and the capacity. Under them, DeepSpeed's own estimator table for the same model
+(:mod:`offsim.plan.ds_estimator`) and, per strategy that maps onto one of its lines, where offsim's
+figure differs and why: the estimator counts model states only.
+
+Exit status (:mod:`offsim.commands._common`): 0 when at least one strategy fits, 1 when none
+does, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from offsim.commands._common import (
+    DEFAULT_HARDWARE,
+    DEFAULT_WORKLOAD,
+    EXIT_NO,
+    HardwareOpt,
+    IterationsOpt,
+    JsonOpt,
+    QuietOpt,
+    WarmupOpt,
+    WorkloadOpt,
+    console,
+    fail,
+    print_json,
+    say,
+)
+
+if TYPE_CHECKING:
+    from offsim.config.run import RunConfig
+    from offsim.plan.footprint import Footprint
+
+wide = console if console.is_terminal else Console(width=170)  # logs and pipes: do not squeeze the table
+
+#: The tiers reported, with their labels; ``pfs`` only where the profile has one.
+TIER_LABELS = {"gpu": "GPU", "host_pinned": "pinned", "host": "host", "nvme": "NVMe", "pfs": "PFS"}
+#: Items per tier listed as its largest.
+TOP_ITEMS = 3
+#: Footprint items that are model states (what DeepSpeed's estimator counts); the rest is not.
+MODEL_STATES = ("params (16-bit)", "grads (16-bit)", "grads (optimizer format)", "optimizer state")
+
+StrategiesOpt = Annotated[list[str] | None, typer.Option(
+    "--strategy", "-s", help="strategy name or YAML path; repeat or comma-separate (default: every shipped one)")]
+
+
+def fit(
+    hardware: HardwareOpt = DEFAULT_HARDWARE,
+    workload: WorkloadOpt = DEFAULT_WORKLOAD,
+    strategy: StrategiesOpt = None,
+    iterations: IterationsOpt = 3,
+    warmup: WarmupOpt = 1,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Does it fit (GPU, pinned host, host, NVMe), with which strategy, and how fast; with
+    DeepSpeed's memory estimator for the same model. Exit 1 when no strategy fits."""
+    from offsim.config.loading import load_profile, load_strategy, load_workload, shipped_files
+    from offsim.errors import OffsimError
+    from offsim.report.progress import progress_bar
+
+    given = _strategy_names(strategy)
+    try:
+        hw, wl = load_profile(hardware), load_workload(workload)
+        strategies = [load_strategy(name) for name in given or shipped_files("strategy")]
+    except OffsimError as exc:
+        fail(str(exc))
+    found = []
+    with progress_bar(len(strategies), "checking strategies", enabled=not (quiet or as_json)) as advance:
+        for st in strategies:
+            advance(0, f"checking {st.name}")
+            found.append(assess(hw, wl, st, iterations, warmup))
+            advance()
+    if given:  # a strategy asked for by name that cannot run here is bad input, as in offsim run
+        for a in found:
+            if a.row["status"] == "cannot-run":
+                fail(f"{a.row['strategy']}: {a.row['reason']['text']}")
+    report = fit_report(hw, wl, sort_assessments(found))
+    if as_json:
+        print_json(report)
+    else:
+        _print_report(report, quiet)
+    if not report["fits_any"]:
+        raise typer.Exit(EXIT_NO)
+
+
+def _strategy_names(given: list[str] | None) -> list[str]:
+    """``-s a -s b,c`` -> [a, b, c] (order kept, repeats dropped)."""
+    names = [n.strip() for item in (given or []) for n in item.split(",") if n.strip()]
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class Assessment:
+    """One strategy checked on the pairing.
+
+    Attributes:
+        row: what is reported (JSON-ready; keys in :func:`assess`).
+        cfg: the run configuration (None when the strategy cannot run here).
+        fp: the planner's footprint (None likewise).
+    """
+
+    row: dict[str, Any]
+    cfg: RunConfig | None = None
+    fp: Footprint | None = field(default=None, repr=False)
+
+
+def assess(hw: Any, wl: Any, st: Any, iterations: int, warmup: int) -> Assessment:
+    """Check one strategy: each tier's peak against its capacity; simulated when every tier fits.
+
+    The row's keys: ``strategy``, ``status`` (``fits``, ``does-not-fit``, ``cannot-run`` where the strategy
+    does not combine with this hardware or workload), ``fits``, ``iteration_time_s`` and
+    ``tokens_per_s`` (null unless simulated), ``tiers`` (:func:`tier_report`),
+    ``simulated_peak_bytes``, ``reason`` (tier, need, capacity and text; null when it fits),
+    ``deepspeed`` (filled by :func:`fit_report`)."""
+    from offsim import make_run_config, simulate
+    from offsim.errors import OffsimError
+    from offsim.plan.footprint import footprint, state_sizes
+
+    row: dict[str, Any] = {"strategy": st.name, "status": "cannot-run", "fits": False, "iteration_time_s": None,
+                           "tokens_per_s": None, "tiers": {}, "simulated_peak_bytes": None, "reason": None,
+                           "deepspeed": None}
+    try:
+        cfg = make_run_config(hw, wl, st, iterations=iterations, warmup_iterations=warmup)
+        fp = footprint(cfg, state_sizes(cfg))
+    except OffsimError as exc:
+        row["reason"] = {"tier": None, "need_bytes": None, "capacity_bytes": None, "text": str(exc)}
+        return Assessment(row)
+    row["tiers"] = tier_report(fp, hw.nvme is not None, hw.pfs is not None)
+    over = fp.first_overflow()
+    if over is not None:
+        tier = row["tiers"][over]
+        also = [t for t, rep in row["tiers"].items() if not rep["fits"] and t != over]
+        row["status"] = "does-not-fit"
+        row["reason"] = {"tier": over, "need_bytes": tier["peak_bytes"], "capacity_bytes": tier["capacity_bytes"],
+                         "also_over": also, "text": _overflow_text(over, row["tiers"], also)}
+        return Assessment(row, cfg, fp)
+    m = simulate(cfg).metrics
+    if not m.feasible:  # the engine met a peak the planner did not foresee
+        tier = m.infeasible_tier or ""
+        cap = row["tiers"].get(tier, {}).get("capacity_bytes")
+        row.update(status="does-not-fit", reason={"tier": tier, "need_bytes": None, "capacity_bytes": cap,
+                                                  "text": f"while simulating: {m.infeasible_reason}"})
+        return Assessment(row, cfg, fp)
+    row.update(status="fits", fits=True, iteration_time_s=m.iteration_time_s, tokens_per_s=m.tokens_per_s,
+               simulated_peak_bytes=m.peak_bytes.model_dump())
+    return Assessment(row, cfg, fp)
+
+
+def tier_report(fp: Any, with_nvme: bool, with_pfs: bool) -> dict[str, dict[str, Any]]:
+    """Per tier (NVMe and the parallel FS only where the profile has them): ``peak_bytes`` (the
+    planner's estimate; GPU per GPU, the PFS for the whole job, the others per node; host includes
+    pinned), ``capacity_bytes``, ``fits`` and ``largest`` (the :data:`TOP_ITEMS` biggest items,
+    per rank, as ``{"what", "bytes"}``)."""
+    out = {}
+    for tier in TIER_LABELS:
+        if (tier == "nvme" and not with_nvme) or (tier == "pfs" and not with_pfs):
+            continue
+        items = fp.breakdown[tier]
+        if tier == "host":
+            items = {**fp.breakdown["host_pinned"], **fp.breakdown["host"]}
+        top = sorted(items.items(), key=lambda kv: -kv[1])[:TOP_ITEMS]
+        need, cap = fp.need_bytes[tier], fp.capacity_bytes[tier]
+        out[tier] = {"peak_bytes": need, "capacity_bytes": cap, "fits": need <= cap,
+                     "largest": [{"what": what, "bytes": nbytes} for what, nbytes in top]}
+    return out
+
+
+def _overflow_text(tier: str, tiers: dict[str, dict[str, Any]], also: list[str]) -> str:
+    """``gpu needs 86.83 GiB, has 23.64 GiB (per GPU); largest: ...; also over: ...``."""
+    rep = tiers[tier]
+    scope = "per GPU" if tier == "gpu" else ("whole job" if tier == "pfs" else "per node")
+    largest = ", ".join(f"{i['what']} {i['bytes'] / 2**30:.2f} GiB" for i in rep["largest"])
+    text = (f"{tier} needs {rep['peak_bytes'] / 2**30:.2f} GiB, has {rep['capacity_bytes'] / 2**30:.2f} GiB "
+            f"({scope}); largest: {largest}")
+    over = [f"{t} {tiers[t]['peak_bytes'] / 2**30:.2f} of {tiers[t]['capacity_bytes'] / 2**30:.2f} GiB" for t in also]
+    return text + (f"; also over: {', '.join(over)}" if over else "")
+
+
+def sort_assessments(found: list[Assessment]) -> list[Assessment]:
+    """Those that fit, fastest first; then those that do not fit, nearest to fitting first (the
+    largest need over capacity of any tier); then those that cannot run here, by name."""
+    def key(row: dict[str, Any]) -> tuple[int, float, str]:
+        if row["fits"]:
+            t = row["iteration_time_s"]
+            return 0, t if t is not None and math.isfinite(t) else math.inf, row["strategy"]
+        if row["status"] == "does-not-fit":
+            return 1, max(_fill(rep) for rep in row["tiers"].values()), row["strategy"]
+        return 2, 0.0, row["strategy"]
+
+    return sorted(found, key=lambda a: key(a.row))
+
+
+def _fill(rep: dict[str, Any]) -> float:
+    """A tier's peak over its capacity (infinite when it has none but needs some)."""
+    if rep["capacity_bytes"] > 0:
+        return float(rep["peak_bytes"] / rep["capacity_bytes"])
+    return math.inf if rep["peak_bytes"] > 0 else 0.0
+
+
+def fit_report(hw: Any, wl: Any, found: list[Assessment]) -> dict[str, Any]:
+    """The whole answer as a JSON-ready dict: the pairing, the model's total and active
+    parameters, the rows in the given order (each with the DeepSpeed line it maps onto) and
+    DeepSpeed's estimator table (null when no strategy could run here)."""
+    from offsim.plan.ds_estimator import BUFFER_FACTOR, estimator_setup, matching_row
+
+    estimator: dict[str, Any] | None = None
+    for a in found:
+        if a.cfg is None or a.fp is None:
+            continue
+        setup = estimator_setup(a.cfg)
+        table = setup.table()
+        if estimator is None:
+            estimator = {"params": setup.params, "largest_layer_params": setup.largest_layer_params,
+                         "gpus_per_node": setup.gpus_per_node, "nodes": setup.nodes,
+                         "buffer_factor": BUFFER_FACTOR, "rows": [r.to_dict() for r in table]}
+        match = matching_row(a.cfg, table)
+        a.row["deepspeed"] = None if match is None else compare_with_estimator(a.fp, match)
+    rows = [a.row for a in found]
+    return {"hardware": hw.name, "workload": wl.name, "params_total": wl.model.total_params,
+            "params_active": wl.model.active_params, "fits_any": any(r["fits"] for r in rows),
+            "strategies": rows, "deepspeed_estimator": estimator}
+
+
+def compare_with_estimator(fp: Any, row: Any) -> dict[str, Any]:
+    """offsim's GPU and host peaks beside the DeepSpeed line ``row``, and offsim's largest items
+    that are not model states (what the estimator leaves out: activations, buffers, transients)."""
+    extra = {}
+    for tier in ("gpu", "host"):
+        items = fp.breakdown[tier] if tier == "gpu" else {**fp.breakdown["host_pinned"], **fp.breakdown["host"]}
+        others = [(what, b) for what, b in items.items() if not what.startswith(MODEL_STATES)]
+        extra[tier] = [{"what": what, "bytes": b} for what, b in sorted(others, key=lambda kv: -kv[1])[:TOP_ITEMS]]
+    return {"options": f"ZeRO-{row.stage} {row.options}", "estimator_gpu_bytes": row.gpu_bytes,
+            "estimator_cpu_bytes": row.cpu_bytes, "offsim_gpu_bytes": fp.need_bytes["gpu"],
+            "offsim_host_bytes": fp.need_bytes["host"], "not_in_estimator": extra}
+
+
+# ------------------------------------------------------------------------------------- printing
+def _gib(nbytes: float | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**30:.2f}"
+
+
+def _print_report(report: dict[str, Any], quiet: bool) -> None:
+    """The strategies table, the reasons of those that do not fit, DeepSpeed's table and notes."""
+    rows = report["strategies"]
+    fitting = sum(r["fits"] for r in rows)
+    active = report["params_active"]
+    moe = f", {active / 1e9:.2f}B active" if active != report["params_total"] else ""
+    say(f"{report['workload']} ({report['params_total'] / 1e9:.2f}B params{moe}) on {report['hardware']}: "
+        f"{fitting} of {len(rows)} strategies fit")
+    if quiet:
+        return
+    _print_strategies(rows)
+    for row in rows:
+        if not row["fits"]:
+            what = "does not fit" if row["status"] == "does-not-fit" else "cannot run here"
+            wide.print(f"[red]{escape(row['strategy'])}[/] {what}: {escape(row['reason']['text'])}",
+                       highlight=False)
+    if report["deepspeed_estimator"] is not None:
+        _print_estimator(report["deepspeed_estimator"], rows)
+        for line in estimator_notes(rows):
+            say(line)
+
+
+def _print_strategies(rows: list[dict[str, Any]]) -> None:
+    tiers: dict[str, dict[str, Any]] = next((r["tiers"] for r in rows if r["tiers"]), {})
+    t = Table(title="strategies, fastest first (peaks: GPU per GPU; pinned, host, NVMe per node; GiB)")
+    t.add_column("strategy", no_wrap=True)
+    t.add_column("iteration s", justify="right")
+    t.add_column("tokens/s", justify="right")
+    for tier, rep in tiers.items():
+        t.add_column(f"{TIER_LABELS[tier]} / {_gib(rep['capacity_bytes'])}", justify="right")
+    t.add_column("fullest tier: largest items (GiB)")
+    for row in rows:
+        time = "-" if row["iteration_time_s"] is None else f"{row['iteration_time_s']:.4g}"
+        speed = "-" if row["tokens_per_s"] is None else f"{row['tokens_per_s']:,.0f}"
+        cells = [_tier_cell(row["tiers"].get(tier)) for tier in tiers]
+        t.add_row(escape(row["strategy"]), time, speed, *cells, escape(_fullest(row["tiers"])))
+    wide.print(t)
+
+
+def _tier_cell(rep: dict[str, Any] | None) -> str:
+    if rep is None:
+        return "-"
+    text = _gib(rep["peak_bytes"])
+    return text if rep["fits"] else f"[red]{text}[/]"
+
+
+def _fullest(tiers: dict[str, dict[str, Any]]) -> str:
+    """The tier nearest its capacity and its two largest items."""
+    used = [(_fill(rep), tier) for tier, rep in tiers.items() if rep["capacity_bytes"] > 0]
+    if not used:
+        return ""
+    share, tier = max(used)
+    items = ", ".join(f"{i['what']} {_gib(i['bytes'])}" for i in tiers[tier]["largest"][:2])
+    return f"{TIER_LABELS[tier]} {100 * share:.0f} %: {items}"
+
+
+def _print_estimator(est: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """DeepSpeed's table as its ``_all_cold`` functions print it, with the strategies on each line."""
+    on_line: dict[str, list[str]] = {}
+    for row in rows:
+        if row["deepspeed"] is not None:
+            on_line.setdefault(row["deepspeed"]["options"], []).append(row["strategy"])
+    gpus = f"{est['gpus_per_node']} GPU{'s' if est['gpus_per_node'] > 1 else ''} per node x {est['nodes']} node"
+    t = Table(title=f"DeepSpeed's estimator, model states only: {est['params'] / 1e6:,.0f}M params, "
+                    f"{est['largest_layer_params'] / 1e6:,.0f}M largest module, {gpus} (GiB)")
+    for label in ("per CPU", "per GPU", "options", "offsim strategies on this line"):
+        t.add_column(label, justify="right" if label.startswith("per") else "left")
+    for r in est["rows"]:
+        options = f"ZeRO-{r['stage']} {r['options']}"
+        t.add_row(_gib(r["cpu_bytes"]), _gib(r["gpu_bytes"]), escape(options),
+                  escape(", ".join(on_line.get(options, []))))
+    wide.print(t)
+
+
+def estimator_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Where offsim differs from DeepSpeed's estimator, and why: a general line, then one line per
+    strategy on an estimator line with the largest items the estimator leaves out."""
+    lines = ["DeepSpeed's estimator counts model states only (params, grads, Adam state; CPU x 1.5 "
+             "additional_buffer_factor, x 4 bytes x GPUs per node when loaded without zero.Init). offsim also "
+             "counts activations, the gathered-parameter window, gradient and staging buffers, the CUDA "
+             "reserve and start-up transients (pageable sources of pinned copies), and rounds pinned "
+             "host tensors up to powers of two as PyTorch's caching host allocator does."]
+    for row in rows:
+        ds = row["deepspeed"]
+        if ds is None:
+            continue
+        gpu = ", ".join(f"{i['what']} {_gib(i['bytes'])}" for i in ds["not_in_estimator"]["gpu"]) or "none"
+        host = ", ".join(f"{i['what']} {_gib(i['bytes'])}" for i in ds["not_in_estimator"]["host"]) or "none"
+        lines.append(f"{row['strategy']} ({ds['options']}): GPU offsim {_gib(ds['offsim_gpu_bytes'])} vs DeepSpeed "
+                     f"{_gib(ds['estimator_gpu_bytes'])} GiB (not in the estimator: {gpu}); host offsim "
+                     f"{_gib(ds['offsim_host_bytes'])} vs {_gib(ds['estimator_cpu_bytes'])} GiB (not in the "
+                     f"estimator: {host})")
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fit`` to the CLI."""
+    app.command()(fit)
