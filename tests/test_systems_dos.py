@@ -179,3 +179,62 @@ def test_dos_step_not_faster_than_vanilla_as_in_the_sample_log() -> None:
     "artifact does not state its hardware"))
 def test_vanilla_iteration_time_matches_the_sample_log() -> None:
     assert run(vanilla()).iteration_time_s == pytest.approx(9.5, rel=0.25)
+
+
+# ---------------------------------------------------------------- the split in the schedule
+def _dos_optimizer():
+    from offsim.mechanisms.cpu_optimizer import CpuOptimizer
+    from offsim.systems.generic import compose
+
+    opt = compose(make_run_config(HW, WL, "deep-optimizer-states")).mechanisms["optimizer"]
+    assert isinstance(opt, CpuOptimizer) and opt.split is not None
+    return opt
+
+
+def test_split_program_streams_the_chosen_groups_through_the_buffers() -> None:
+    """Option (10 on the GPU, 2 buffers): ten round trips (alloc, H2D, GPU Adam, D2H, free), the
+    j-th waiting for the (j-2)-th's free, and CPU Adam over the other sub-groups."""
+    from offsim.core.enums import Activity, Tier
+    from offsim.schedule.ops import Alloc, Delay, Free
+
+    opt = _dos_optimizer()
+    n = len(opt.groups)
+    program = opt.split_program((0, False), (10, 2))
+    allocs = [op for op in program.ops if isinstance(op.body, Alloc) and op.body.tier is Tier.GPU]
+    frees = [op for op in program.ops if isinstance(op.body, Free) and op.body.tier is Tier.GPU]
+    adams = [op for op in program.ops if isinstance(op.body, Delay) and op.stream == "gpu_opt"]
+    cpu = [op for op in program.ops if op.tag.activity is Activity.OPTIMIZER and op.stream == "cpu_step"
+           and op.tag.group >= 0]
+    assert len(allocs) == len(frees) == len(adams) == 10
+    assert len(cpu) == n - 10
+    assert {op.tag.group for op in adams}.isdisjoint({op.tag.group for op in cpu})
+    for j in range(2, 10):
+        assert allocs[j].after == (frees[j - 2].id,)
+
+
+def test_split_executes_the_policys_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that sends every sub-group to the GPU through one buffer: no CPU Adam span, one
+    GPU Adam span per sub-group, and D2H carries every sub-group's 12 B/param of state."""
+    import offsim.systems.generic as generic
+
+    class AllOnGpu:
+        def __init__(self, n: int) -> None:
+            self.n, self.seen = n, []
+
+        def choose(self, iteration: int, gpu_free_bytes: float):
+            return (self.n, 1)
+
+        def observe(self, option, stream_s: float) -> None:
+            self.seen.append(stream_s)
+
+    n = len(_dos_optimizer().groups)
+    policy = AllOnGpu(n)
+    monkeypatch.setattr(generic, "split_policy", lambda cfg: policy)
+    result = simulate(make_run_config(HW, WL, "deep-optimizer-states"))
+    spans = result.spans()
+    last = spans[spans.iteration == spans["iteration"].max()]
+    assert (last.name.str.startswith("GPU Adam sub-group")).sum() == n
+    assert not last.name.str.startswith("CPU Adam").any()
+    assert result.metrics.traffic_bytes.d2h == pytest.approx(
+        run(vanilla()).traffic_bytes.d2h + 5_948_837_888 * 12, rel=1e-3)
+    assert policy.seen == [0.0] * len(policy.seen) and policy.seen

@@ -77,6 +77,7 @@ class OpKind(StrEnum):
     DONE = "done"        # the unit's use ended: the eviction policy may release it
     FLUSH = "flush"      # drop every unit (iteration end)
     JOIN = "join"        # nothing: a point others wait for
+    CHOOSE = "choose"    # a run-time choice among programs (its policy picks one, which runs)
 
 
 class Activity(StrEnum):
@@ -133,6 +134,12 @@ class CacheId(StrEnum):
     GPU_PARAMS = "gpu_params"
     DRAM_OPTIMIZER = "dram_optimizer"
     GPU_ACTIVATIONS = "gpu_activations"
+
+
+class ChoiceId(StrEnum):
+    """A decision a schedule leaves to run time (a policy picks which program runs)."""
+
+    OPTIMIZER_SPLIT = "optimizer_split"  # which sub-groups the step updates on the GPU
 
 
 class StreamKind(StrEnum):

@@ -18,15 +18,15 @@ levels and cache events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
 import simpy
 
-from offsim.core.enums import Activity, CacheId, Phase
+from offsim.core.enums import Activity, CacheId, ChoiceId, Phase
 from offsim.engine.flows import Flow as NetFlow
 from offsim.engine.flows import FlowNetwork
-from offsim.engine.hooks import CachePolicy, FetchTracker, PolicyCache
+from offsim.engine.hooks import CachePolicy, ChoicePolicy, FetchTracker, PolicyCache
 from offsim.engine.memory import Memory
 from offsim.engine.node import Node
 from offsim.schedule.analysis import bind
@@ -36,6 +36,8 @@ from offsim.schedule.ops import (
     Acquire,
     Alloc,
     Block,
+    ChoiceSpec,
+    Choose,
     Delay,
     Done,
     Flow,
@@ -96,8 +98,11 @@ class Executor:
     """One run of a schedule; :meth:`run` returns the SimPy events processed."""
 
     def __init__(self, schedule: Schedule, machine: Machine, policies: dict[CacheId, CachePolicy],
-                 recorder: Recorder, on_iteration: Callable[[int, int], None] | None = None) -> None:
+                 recorder: Recorder, on_iteration: Callable[[int, int], None] | None = None,
+                 choices: dict[ChoiceId, ChoicePolicy] | None = None) -> None:
         self.schedule, self.rec, self.on_iteration = schedule, recorder, on_iteration
+        self.choice_policies = choices or {}
+        self._programs: dict[tuple[ChoiceId, Hashable, Hashable], Block] = {}
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, machine.capacity, duplex_rule(machine.duplex_efficiency), self._flow_done)
         self.memory = Memory(lambda: self.env.now, machine.memory_bytes, machine.ranks_per_node, machine.nodes,
@@ -159,9 +164,13 @@ class Executor:
                 node.waiters.append(self._advance)
                 return
 
-    def _issue(self, node: Node, after: list[Node], micro_batch: int) -> None:
-        """Bind ``node``'s dependencies; start it if none is pending."""
+    def _issue(self, node: Node, after: list[Node], micro_batch: int,
+               stream_last: dict[str, Node] | None = None) -> None:
+        """Bind ``node``'s dependencies; start it if none is pending. ``stream_last``: the last
+        op issued on each in-order stream (the run's, unless a program keeps its own)."""
         op = node.op
+        if stream_last is None:
+            stream_last = self.stream_last
         deps = list(after)
         for x in op.reads:
             w = self.last_write.get(self._bind(x, micro_batch))
@@ -169,11 +178,11 @@ class Executor:
                 deps.append(w)
         queue = self.queues.get(op.stream) if op.stream is not None else None
         if op.stream is not None and queue is None:
-            pred = self.stream_last.get(op.stream)
+            pred = stream_last.get(op.stream)
             if pred is not None:
                 node.stream_pred = pred
                 deps.append(pred)
-            self.stream_last[op.stream] = node
+            stream_last[op.stream] = node
         for ref in op.writes:
             self.last_write[self._bind(ref, micro_batch)] = node
         if isinstance(op.body, Access):
@@ -223,14 +232,46 @@ class Executor:
     def _program(self, block: Block, origin: Node, after: list[Node]) -> Node:
         """Run a cache's program for the op ``origin`` after ``after``; returns a node that
         finishes when all its ops have."""
+        return self._run_program(block, origin, after, None)[1]
+
+    def _run_program(self, block: Block, origin: Node, after: list[Node],
+                     stream_last: dict[str, Node] | None) -> tuple[list[Node], Node]:
+        """Issue ``block``'s ops for ``origin`` (with ``stream_last``: ordered on in-order streams
+        among themselves only); returns its nodes and a node that finishes when all have."""
         nodes: list[Node] = []
         for op in block.ops:
             node = Node(op, origin.iteration, origin.micro_batch, origin.phase)
             nodes.append(node)
-            self._issue(node, [nodes[a] for a in op.after] + (after if not op.after else []), origin.micro_batch)
+            self._issue(node, [nodes[a] for a in op.after] + (after if not op.after else []), origin.micro_batch,
+                        stream_last)
         end = Node(Op(-1, Join(), block.ops[0].tag), origin.iteration, origin.micro_batch, origin.phase)
         self._wait_all(end, nodes, lambda: self._finish(end))
-        return end
+        return nodes, end
+
+    def _choose(self, node: Node, body: Choose) -> None:
+        """Ask the choice's policy (or take its default), run the program chosen in the op's
+        place on its stream, and finish when the program has. The policy then learns how long
+        the program kept the op's stream."""
+        spec = self.schedule.choice(body.choice)
+        assert spec is not None, f"no spec for choice {body.choice}"
+        policy = self.choice_policies.get(body.choice)
+        option = spec.default if policy is None else policy.choose(node.iteration, self.memory.gpu_free_bytes())
+        nodes, end = self._run_program(self._choice_program(spec, body.variant, option), node, [], {})
+        last = next((n for n in reversed(nodes) if n.op.stream == node.op.stream), None)
+        if policy is not None and last is not None:
+            start_s = self.env.now
+            if last.finished:
+                policy.observe(option, 0.0)
+            else:
+                last.waiters.append(lambda: policy.observe(option, self.env.now - start_s))
+        self._wait_all(node, [end], lambda: self._finish(node))
+
+    def _choice_program(self, spec: ChoiceSpec, variant: Hashable, option: Hashable) -> Block:
+        key = (spec.id, variant, option)
+        block = self._programs.get(key)
+        if block is None:
+            block = self._programs[key] = spec.program(variant, option)
+        return block
 
     # ------------------------------------------------------------ start and finish
     def _start(self, node: Node) -> None:
@@ -255,6 +296,8 @@ class Executor:
             self._finish(node)
         elif isinstance(body, Join):
             self._finish(node)
+        elif isinstance(body, Choose):
+            self._choose(node, body)
         else:
             self._hook(node)
 

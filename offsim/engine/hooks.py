@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Protocol
 
 from offsim.core.errors import PolicyError
 from offsim.engine.cache import Cache
@@ -40,6 +41,18 @@ class CachePolicy:
     eviction: EvictionPolicy
     prefetch: PrefetchPolicy | None = None
     bytes_per_param: float = 0.0
+
+
+class ChoicePolicy(Protocol):
+    """Decides a :class:`~offsim.schedule.ops.Choose` at run time."""
+
+    def choose(self, iteration: int, gpu_free_bytes: float) -> Hashable:
+        """The option to run now (``gpu_free_bytes``: GPU memory not held, per rank)."""
+        ...
+
+    def observe(self, option: Hashable, stream_s: float) -> None:
+        """How long the program of ``option`` kept the deciding op's stream (seconds)."""
+        ...
 
 
 class PolicyCache:

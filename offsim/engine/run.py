@@ -21,14 +21,14 @@ def run_schedule(cfg: RunConfig, sz: StateSizes,
                  on_iteration: Callable[[int, int], None] | None = None) -> tuple[Recorder, dict[str, float], int]:
     """Compile ``cfg`` into a schedule and execute it; returns the recorder, the peak bytes per
     reported tier and the SimPy events processed."""
-    from offsim.core.enums import CacheId
+    from offsim.core.enums import CacheId, ChoiceId
     from offsim.engine.execute import Executor, Machine
-    from offsim.engine.hooks import CachePolicy
+    from offsim.engine.hooks import CachePolicy, ChoicePolicy
     from offsim.engine.policy_hooks import PolicyHooks
     from offsim.engine.transfers import resource_capacities
     from offsim.plan.footprint import capacities
     from offsim.plan.policy_plan import build_context
-    from offsim.systems.generic import compile_generic
+    from offsim.systems.generic import compile_generic, split_policy
 
     schedule = compile_generic(cfg)
     rec = Recorder()
@@ -41,7 +41,10 @@ def run_schedule(cfg: RunConfig, sz: StateSizes,
     hw = cfg.hardware
     machine = Machine(resource_capacities(cfg, sz), hw.host_link.duplex_efficiency, hw.gpu.copy_engines,
                       capacities(cfg), sz.ranks_per_node, hw.topology.nodes)
-    executor = Executor(schedule, machine, policies, rec, on_iteration)
+    choices: dict[ChoiceId, ChoicePolicy] = {}
+    if schedule.choice(ChoiceId.OPTIMIZER_SPLIT) is not None:
+        choices[ChoiceId.OPTIMIZER_SPLIT] = split_policy(cfg)
+    executor = Executor(schedule, machine, policies, rec, on_iteration, choices)
     events = executor.run()
     return rec, executor.memory.peak_bytes, events
 
@@ -50,10 +53,7 @@ def _engine(cfg: RunConfig) -> str:
     """Which engine runs ``cfg``: the schedule executor, unless ``OFFSIM_ENGINE=simpy`` asks
     for the old SimPy engine (kept until issue 14's step 5, for the agreement test) or the
     configuration needs what the schedule lacks (Deep Optimizer States' run-time split)."""
-    choice = os.environ.get("OFFSIM_ENGINE", "schedule")
-    if cfg.strategy.optimizer_split == "perf-model":
-        return "simpy"
-    return choice
+    return os.environ.get("OFFSIM_ENGINE", "schedule")
 
 
 def simulate(cfg: RunConfig, on_iteration: Callable[[int, int], None] | None = None) -> RunResult:

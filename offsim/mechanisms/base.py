@@ -15,7 +15,19 @@ from enum import StrEnum
 from typing import Protocol
 
 from offsim.core.enums import Activity, MechanismId, Phase
-from offsim.schedule.ops import Block, Body, CacheSpec, Flow, Op, PoolSpec, StreamSpec, Tag, TensorRef, Wait
+from offsim.schedule.ops import (
+    Block,
+    Body,
+    CacheSpec,
+    ChoiceSpec,
+    Flow,
+    Op,
+    PoolSpec,
+    StreamSpec,
+    Tag,
+    TensorRef,
+    Wait,
+)
 
 #: storage I/O striped over paths that run at once: each flow with the pool slot it holds (or None)
 StorageIO = tuple[tuple[Flow, str | None], ...]
@@ -118,11 +130,12 @@ def tag(activity: Activity, mechanism: MechanismId, phase: Phase, layer: int = -
 
 @dataclass(frozen=True)
 class Setup:
-    """What a mechanism owns besides its ops: streams, pools and caches."""
+    """What a mechanism owns besides its ops: streams, pools, caches and run-time choices."""
 
     streams: tuple[StreamSpec, ...] = ()
     pools: tuple[PoolSpec, ...] = ()
     caches: tuple[CacheSpec, ...] = ()
+    choices: tuple[ChoiceSpec, ...] = ()
 
 
 class Mechanism(Protocol):

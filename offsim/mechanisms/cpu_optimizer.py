@@ -11,6 +11,12 @@ GPU may update a resident share (Twin-Flow). DeepSpeed's first step creates each
 moments as pageable tensors, freed once swapped out; its fp16 overflow check allocates
 temporaries first.
 
+Deep Optimizer States (``split``) streams some sub-groups through the GPU instead: their fp32
+state and gradient go H2D into one of a few GPU buffers, GPU Adam updates them, the state goes
+back D2H, while the CPU updates the others. Which ones is decided when the step starts (a
+:class:`~offsim.schedule.ops.Choose`: the option is (sub-groups on the GPU, buffers), spread
+through the iteration's order by :func:`~offsim.plan.optimizer_split.interleave`).
+
 The step runs on its own CPU stream (``cpu_step``): the compute stream waits for it at the
 iteration end, or, with the delayed parameter update (ZeRO-Offload DPU), only for the previous
 step, so that the step overlaps the next iteration's forward and backward.
@@ -18,17 +24,22 @@ step, so that the step overlaps the next iteration's forward and backward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import cast
 
-from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind, TensorKind, Tier
+from offsim.core.enums import Activity, CacheId, ChoiceId, MechanismId, Phase, StreamKind, TensorKind, Tier
 from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, io_pools, parallel, tag
 from offsim.mechanisms.compute import COMPUTE
 from offsim.mechanisms.grads import grad_home
+from offsim.plan.optimizer_split import interleave
 from offsim.schedule.ops import (
     Access,
     Alloc,
     Block,
     CacheSpec,
+    ChoiceSpec,
+    Choose,
     Delay,
     Done,
     Flow,
@@ -71,6 +82,35 @@ class GroupIO:
 
 
 @dataclass(frozen=True)
+class StreamedGroup:
+    """One sub-group's round trip through the GPU (Deep Optimizer States).
+
+    Attributes:
+        buffer_bytes: GPU bytes its fp32 state and gradient take while there.
+        to_gpu: the H2D copy of state and gradient.
+        adam_s: GPU Adam over it (HBM-bound), seconds.
+        to_host: the D2H copy of the updated state (and of the 16-bit parameters when they
+            live on the host).
+        gather: ZeRO-1/2's all-gather of its updated parameters (None: none).
+    """
+
+    buffer_bytes: int
+    to_gpu: Flow
+    adam_s: float
+    to_host: Flow
+    gather: Flow | None = None
+
+
+@dataclass(frozen=True)
+class GpuSplit:
+    """The sub-groups a step may stream through the GPU; the option (sub-groups on the GPU,
+    GPU buffers) is chosen when the step starts (``default`` without a policy)."""
+
+    groups: tuple[StreamedGroup, ...]
+    default: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
 class CpuOptimizer:
     """The after-backward CPU step.
 
@@ -88,6 +128,7 @@ class CpuOptimizer:
             optimizer cache.
         storage_cache: without a DRAM cache, a zero-capacity one that counts every sub-group's
             read and write-back (DeepSpeed reads and writes all of them every step).
+        split: sub-groups the step may stream through the GPU (None: all on the CPU).
     """
 
     groups: tuple[GroupIO, ...]
@@ -102,12 +143,20 @@ class CpuOptimizer:
     on_storage: bool = False
     storage_cache: CacheSpec | None = None
     io_concurrency: int | None = None
+    split: GpuSplit | None = None
     id: MechanismId = MechanismId.CPU_OPTIMIZER
+    _programs: dict[tuple[Hashable, Hashable], Block] = field(default_factory=dict, compare=False, repr=False)
 
     def setup(self) -> Setup:
-        streams = (StreamSpec(STEP, StreamKind.CPU), StreamSpec("gpu_opt", StreamKind.GPU_COMPUTE, in_order=False))
+        streams: tuple[StreamSpec, ...] = (StreamSpec(STEP, StreamKind.CPU),
+                                           StreamSpec("gpu_opt", StreamKind.GPU_COMPUTE, in_order=False))
         caches = tuple(c for c in (self.dram_cache, self.storage_cache) if c is not None)
-        return Setup(streams=streams, pools=io_pools(self.io_concurrency), caches=caches)
+        choices: tuple[ChoiceSpec, ...] = ()
+        if self.split is not None:
+            streams += (StreamSpec("opt_h2d", StreamKind.COPY, in_order=False),
+                        StreamSpec("opt_d2h", StreamKind.COPY, in_order=False))
+            choices = (ChoiceSpec(ChoiceId.OPTIMIZER_SPLIT, self.split.default, self.split_program),)
+        return Setup(streams=streams, pools=io_pools(self.io_concurrency), caches=caches, choices=choices)
 
     def _t(self, activity: Activity, group: int = -1, label: str = "") -> Tag:
         return tag(activity, self.id, Phase.OPTIMIZER, group=group, label=label)
@@ -125,7 +174,12 @@ class CpuOptimizer:
             b.add(Alloc(Tier.HOST_PAGEABLE, self.overflow_check_bytes, tmp), self._t(Activity.OPTIMIZER), STEP)
             b.add(Free(Tier.HOST_PAGEABLE, tmp), self._t(Activity.OPTIMIZER), STEP)
         side = self._resident(b, start)
-        ends = self._groups(b, self.orders[site.iteration % len(self.orders)], site.first_iteration)
+        k = site.iteration % len(self.orders)
+        if self.split is None:
+            ends = self._groups(b, self.orders[k], site.first_iteration)
+        else:
+            ends = [b.add(Choose(ChoiceId.OPTIMIZER_SPLIT, (k, site.first_iteration)),
+                          self._t(Activity.OPTIMIZER, label="sub-groups split between the GPU and the CPU"), STEP)]
         end = b.add(Join(), self._t(Activity.OPTIMIZER, label="step done"), STEP, after=[*side, *ends],
                     writes=(STEP_DONE,))
         if not self.delayed:
@@ -139,6 +193,40 @@ class CpuOptimizer:
         if self.resident_gather is not None:
             last = b.add(self.resident_gather, self._t(Activity.PARAM_GATHER), after=[last])
         return [last]
+
+    def split_program(self, variant: Hashable, option: Hashable) -> Block:
+        """The step's sub-groups with ``option`` = (sub-groups on the GPU, GPU buffers), spread
+        through the order of ``variant`` = (order index, first iteration)."""
+        key = (variant, option)
+        if key not in self._programs:
+            k, first = cast(tuple[int, bool], variant)
+            n_gpu, buffers = cast(tuple[int, int], option)
+            order = self.orders[k]
+            on_gpu = interleave(list(order), n_gpu)
+            b = BlockBuilder(f"optimizer step, {n_gpu} of {len(order)} sub-groups on the GPU")
+            b.add(Join(), self._t(Activity.OPTIMIZER, label=f"{n_gpu} sub-groups go to the GPU"), STEP)
+            self._streamed(b, [g for g in order if g in on_gpu], buffers)
+            self._groups(b, tuple(g for g in order if g not in on_gpu), first)
+            self._programs[key] = b.build()
+        return self._programs[key]
+
+    def _streamed(self, b: BlockBuilder, groups: list[int], buffers: int) -> None:
+        """Each sub-group through the GPU, at most ``buffers`` at once: the j-th takes the
+        buffer the (j - buffers)-th frees (they finish in order: every stage is a FIFO queue)."""
+        assert self.split is not None
+        frees: list[int] = []
+        for j, g in enumerate(groups):
+            s, there = self.split.groups[g], _gpu_buffer(g)
+            t_in, t_out = self._t(Activity.OPT_H2D, g), self._t(Activity.OPT_D2H, g)
+            free_buffer = frees[j - buffers] if j >= buffers else 0
+            last = b.add(Alloc(Tier.GPU, s.buffer_bytes, there), t_in, after=[free_buffer])
+            last = b.add(s.to_gpu, t_in, "opt_h2d", after=[last])
+            last = b.add(Delay(s.adam_s), self._t(Activity.OPTIMIZER, g, f"GPU Adam sub-group {g}"), "gpu_opt",
+                         after=[last])
+            last = b.add(s.to_host, t_out, "opt_d2h", after=[last])
+            frees.append(b.add(Free(Tier.GPU, there), t_out, after=[last]))
+            if s.gather is not None:
+                b.add(s.gather, self._t(Activity.PARAM_GATHER, g), after=[frees[-1]])
 
     def _groups(self, b: BlockBuilder, order: tuple[int, ...], first: bool) -> list[int]:
         """The sub-group loop; returns the ids the step's end waits for."""
@@ -216,6 +304,10 @@ class CpuOptimizer:
 
 def _moments(g: int) -> TensorRef:
     return TensorRef(TensorKind.OPT_STATE, group=g, mb=0)
+
+
+def _gpu_buffer(g: int) -> TensorRef:
+    return TensorRef(TensorKind.BUFFER, group=g, unit=-3)
 
 
 def _swap_buffer(g: int) -> TensorRef:

@@ -7,7 +7,8 @@ CPU updates the other sub-groups concurrently. The split weighs data movement ag
 and the GPU's update speed and the contention for the shared PCIe link: the CPU path also sends
 each updated sub-group's 16-bit parameters H2D.
 
-Pure planning, no SimPy: the engine calls :func:`plan_split` at each step with the rates it
+Pure planning, no SimPy: :class:`PerfModelSplit` is the run-time policy of the step's
+:class:`~offsim.schedule.ops.Choose`; at each step it calls :func:`plan_split` with the rates
 observed in the previous iteration (the profile's rates at the first one) and the GPU memory
 left free after backward.
 
@@ -24,7 +25,8 @@ with both PCIe directions derated by the link's duplex efficiency when both are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -135,3 +137,41 @@ def interleave(order: list[int], n_gpu: int) -> set[int]:
     if n_gpu <= 0:
         return set()
     return {order[min(n - 1, (k * n) // n_gpu)] for k in range(n_gpu)}
+
+
+@dataclass
+class PerfModelSplit:
+    """Deep Optimizer States' decision, step by step: the option (sub-groups on the GPU, GPU
+    buffers) of :func:`plan_split`, with the CPU's update rate carried over from the previous
+    step as observed under that step's DRAM contention. Link rates stay the profile's: the
+    simulation itself shares the link between the two paths, and a single copy's observed rate
+    would count that sharing twice.
+
+    Attributes:
+        n_groups / group_params: the host sub-groups and their parameters each.
+        rates: the rates the next decision uses (the profile's until a step is observed).
+        split_bytes: bytes per parameter on each path.
+        max_buffers: GPU buffers in flight at most.
+        plans: every decision taken, in order.
+    """
+
+    n_groups: int
+    group_params: float
+    rates: SplitRates
+    split_bytes: SplitBytes
+    max_buffers: int
+    plans: list[SplitPlan] = field(default_factory=list)
+
+    def choose(self, iteration: int, gpu_free_bytes: float) -> Hashable:
+        """(sub-groups on the GPU, buffers) for this step."""
+        plan = plan_split(self.n_groups, self.group_params, self.rates, self.split_bytes, gpu_free_bytes,
+                          self.max_buffers)
+        self.plans.append(plan)
+        return (plan.gpu_groups, plan.buffers)
+
+    def observe(self, option: Hashable, stream_s: float) -> None:
+        """The CPU updated the sub-groups not sent to the GPU in ``stream_s`` seconds."""
+        n_gpu = option[0]  # type: ignore[index]
+        params = (self.n_groups - n_gpu) * self.group_params
+        if params > 0 and stream_s > 0:
+            self.rates = replace(self.rates, cpu_params_per_s=params / stream_s)

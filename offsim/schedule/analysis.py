@@ -20,6 +20,7 @@ from offsim.schedule.ops import (
     Access,
     Alloc,
     Block,
+    Choose,
     Flow,
     Flush,
     Free,
@@ -78,6 +79,7 @@ def check_acyclic(schedule: Schedule) -> None:
     reads bind to writes issued before them). Raises :class:`ScheduleError`."""
     blocks = list(schedule.blocks())
     blocks += [p for c in schedule.caches for progs in (c.fetch, c.evict) for p in progs.values()]
+    blocks += default_programs(schedule)
     for block in blocks:
         for op in block.ops:
             if any(a >= op.id or a < 0 for a in op.after):
@@ -118,10 +120,26 @@ def check_allocations(schedule: Schedule) -> dict[tuple[Tier, TensorRef], int]:
             elif isinstance(body, Flush):
                 for unit in sorted(resident.pop(body.cache, set())):
                     _apply(held, caches[body.cache].evict[unit], inst.micro_batch, where)
+            elif isinstance(body, Choose):
+                choice = schedule.choice(body.choice)
+                assert choice is not None
+                _apply(held, choice.program(body.variant, choice.default), inst.micro_batch, where)
         for cache_id, spec in caches.items():  # a non-persistent cache without a flush: its users free it
             if not spec.evict and cache_id in resident:
                 resident[cache_id].clear()
     return held
+
+
+def default_programs(schedule: Schedule) -> list[Block]:
+    """The programs the run-time choices of the schedule run with their default option."""
+    out: dict[tuple[object, object], Block] = {}
+    for inst in schedule.instances():
+        for op in inst.block.ops:
+            if isinstance(op.body, Choose) and (op.body.choice, op.body.variant) not in out:
+                spec = schedule.choice(op.body.choice)
+                assert spec is not None
+                out[(op.body.choice, op.body.variant)] = spec.program(op.body.variant, spec.default)
+    return list(out.values())
 
 
 def instance_counts(schedule: Schedule) -> Counter[str]:

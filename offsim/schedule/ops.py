@@ -23,12 +23,13 @@ names victims) and :class:`Prefetch` (the prefetch policy may start later access
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
 from offsim.core.enums import (
     Activity,
     CacheId,
+    ChoiceId,
     Link,
     MechanismId,
     OpKind,
@@ -211,7 +212,26 @@ class Join:
     kind: OpKind = field(default=OpKind.JOIN, init=False)
 
 
-Body = Delay | Flow | Alloc | Free | Acquire | Release | Access | Ready | Prefetch | Done | Flush | Join
+@dataclass(frozen=True, slots=True)
+class Choose:
+    """A decision taken when the op starts: the policy of ``choice`` picks an option from the
+    run so far (GPU memory free now, how long earlier choices kept the stream), the schedule's
+    program for (``variant``, option) runs, and the op ends when every op of it has. The
+    program's ops on this op's stream run in its place there (after what precedes it, before
+    what follows it).
+
+    Attributes:
+        choice: which decision (its :class:`ChoiceSpec` and its policy).
+        variant: what the programs differ by besides the option (e.g. the iteration's
+            sub-group order), passed to :attr:`ChoiceSpec.program`.
+    """
+
+    choice: ChoiceId
+    variant: Hashable = 0
+    kind: OpKind = field(default=OpKind.CHOOSE, init=False)
+
+
+Body = Delay | Flow | Alloc | Free | Acquire | Release | Access | Ready | Prefetch | Done | Flush | Join | Choose
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +358,22 @@ class CacheSpec:
 
 
 @dataclass(frozen=True)
+class ChoiceSpec:
+    """A run-time decision and the programs it chooses among.
+
+    Attributes:
+        id: which decision.
+        default: the option taken without a policy, and the one ``offsim schedule`` shows.
+        program: (variant, option) -> the program that runs; a pure function of its arguments
+            (the schedule builds each program once, on first use).
+    """
+
+    id: ChoiceId
+    default: Hashable
+    program: Callable[[Hashable, Hashable], Block]
+
+
+@dataclass(frozen=True)
 class Schedule:
     """What a system compiled: the body, and the streams, pools and caches its ops name.
 
@@ -350,6 +386,7 @@ class Schedule:
     caches: tuple[CacheSpec, ...] = ()
     notes: tuple[str, ...] = ()
     unit_names: tuple[str, ...] = ()  # display names of the units (layers), by index
+    choices: tuple[ChoiceSpec, ...] = ()
 
     def instances(self) -> Iterator[Instance]:
         """Every block execution in issue order."""
@@ -365,6 +402,10 @@ class Schedule:
     def cache(self, cache_id: CacheId) -> CacheSpec | None:
         """The spec of one cache, or None when the schedule has no such cache."""
         return next((c for c in self.caches if c.id == cache_id), None)
+
+    def choice(self, choice_id: ChoiceId) -> ChoiceSpec | None:
+        """The spec of one run-time decision, or None when the schedule takes none."""
+        return next((c for c in self.choices if c.id == choice_id), None)
 
 
 def _walk(items: tuple[Block | Repeat, ...], iteration: int, micro_batch: int) -> Iterator[Instance]:

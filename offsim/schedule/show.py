@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from offsim.schedule.analysis import OpInstance, instance_counts, op_instances, traffic_bytes
+from offsim.schedule.analysis import OpInstance, default_programs, instance_counts, op_instances, traffic_bytes
 from offsim.schedule.ops import (
     Access,
     Acquire,
     Alloc,
     Block,
+    Choose,
     Delay,
     Done,
     Flow,
@@ -44,6 +45,8 @@ def describe_body(op: Op) -> str:
         return f"{b.cache} units {list(b.units)} keeping {b.reserve_bytes:,} B free"
     if isinstance(b, Flush):
         return f"{b.cache}"
+    if isinstance(b, Choose):
+        return f"{b.choice} (variant {b.variant}): its policy picks the program at run time"
     return ""
 
 
@@ -75,6 +78,12 @@ def to_text(schedule: Schedule) -> str:
                      f"{', persistent' if cache.persistent else ''}; per unit (a miss runs):")
         unit = min(cache.fetch)
         lines += [*_block_text(cache.fetch[unit]), ""]
+    for choice in schedule.choices:
+        lines.append(f"choice {choice.id}: decided at run time by its policy; the program of the default option "
+                     f"{choice.default!r} is:")
+        for program in default_programs(schedule)[:1]:
+            lines += _block_text(program)
+        lines.append("")
     iterations = sorted({i.iteration for i in schedule.instances()})
     if iterations:
         last = iterations[-1]
@@ -106,6 +115,8 @@ def _instance_json(inst: OpInstance) -> dict[str, Any]:
         out |= {"pool": b.pool, "amount": b.amount}
     elif isinstance(b, Access | Ready | Done | Prefetch | Flush):
         out |= {"cache": str(b.cache)} | ({"unit": b.unit} if hasattr(b, "unit") else {})
+    elif isinstance(b, Choose):
+        out |= {"choice": str(b.choice), "variant": repr(b.variant)}
     if op.tag.label:
         out["label"] = op.tag.label
     return out
@@ -122,5 +133,8 @@ def to_json(schedule: Schedule) -> dict[str, Any]:
                     "fetch": {str(k): [_op_line(op).strip() for op in p.ops] for k, p in c.fetch.items()}}
                    for c in schedule.caches],
         "ops": [_instance_json(i) for i in op_instances(schedule)],
+        "choices": [{"id": str(c.id), "default": repr(c.default),
+                     "default_program": [_op_line(op).strip() for p in default_programs(schedule)[:1] for op in p.ops]}
+                    for c in schedule.choices],
         "notes": list(schedule.notes),
     }

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from offsim.core.enums import StreamKind
 from offsim.mechanisms.base import BlockBuilder, Mechanism, Site, SiteKind, Stage
-from offsim.schedule.ops import Block, CacheSpec, PoolSpec, Repeat, Schedule, StreamSpec
+from offsim.schedule.ops import Block, CacheSpec, ChoiceSpec, PoolSpec, Repeat, Schedule, StreamSpec
 
 #: per site kind, (mechanism name, stage) pairs in the order their ops are emitted
 Program = tuple[tuple[str, Stage], ...]
@@ -87,7 +87,7 @@ def _iterations(system: System, mbs: tuple[Block | Repeat, ...]) -> tuple[Block 
     return tuple(out)
 
 
-def _merge(items: Sequence[StreamSpec | PoolSpec | CacheSpec]) -> tuple:  # type: ignore[type-arg]
+def _merge(items: Sequence[StreamSpec | PoolSpec | CacheSpec | ChoiceSpec]) -> tuple:  # type: ignore[type-arg]
     seen: dict[object, object] = {}
     for item in items:
         key = getattr(item, "name", None) or getattr(item, "id", None)
@@ -104,4 +104,5 @@ def compile_system(system: System) -> Schedule:
     streams += [s for st in setups for s in st.streams]
     body = (init.build(), *_iterations(system, _micro_batches(system)))
     return Schedule(body, _merge(streams), _merge([p for st in setups for p in st.pools]),
-                    _merge([c for st in setups for c in st.caches]), system.notes, system.unit_names)
+                    _merge([c for st in setups for c in st.caches]), system.notes, system.unit_names,
+                    _merge([c for st in setups for c in st.choices]))

@@ -20,13 +20,21 @@ from offsim.core.enums import CacheId, TensorKind, Tier, home_tier
 from offsim.mechanisms.activations import Activations, LayerActivations
 from offsim.mechanisms.base import SiteKind, Stage, StorageIO
 from offsim.mechanisms.compute import Compute, LayerCost
-from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GroupIO, dram_cache_programs, storage_cache_spec
+from offsim.mechanisms.cpu_optimizer import (
+    CpuOptimizer,
+    GpuSplit,
+    GroupIO,
+    StreamedGroup,
+    dram_cache_programs,
+    storage_cache_spec,
+)
 from offsim.mechanisms.gpu_optimizer import GpuOptimizer
 from offsim.mechanisms.grads import Grads, LayerGrads, LayerUpdate
 from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan import footprint as fp
 from offsim.plan.model import Layer
+from offsim.plan.optimizer_split import PerfModelSplit, SplitBytes, SplitRates
 from offsim.plan.paths import Paths, resource_capacities
 from offsim.plan.policy_plan import (
     activation_decisions,
@@ -350,7 +358,45 @@ def optimizer(c: Ctx) -> CpuOptimizer | GpuOptimizer:
     return CpuOptimizer(tuple(_group_io(c, p, cache is not None) for p in groups), _orders(c, len(groups)),
                         st.optimizer_swap_pipeline, n, cache, _int(fp.overflow_check_bytes(c.cfg, sz)),
                         resident * _gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
-                        st.delayed_param_update, on_storage, bypass, st.io_concurrency)
+                        st.delayed_param_update, on_storage, bypass, st.io_concurrency, _gpu_split(c, groups))
+
+
+# ---------------------------------------------------------------- Deep Optimizer States' split
+def _split_bytes(c: Ctx) -> SplitBytes:
+    """Bytes per parameter on each path of the split (:class:`~offsim.plan.optimizer_split.SplitBytes`)."""
+    pl = c.st.placement
+    hg, opt = c.sz.host_grad_bytes_per_param, c.sz.optimizer_bytes_per_param
+    return SplitBytes(h2d_gpu=opt + hg, d2h_gpu=opt + (c.bpp_param if pl.params != "gpu" else 0.0),
+                      hbm_gpu=_gpu_adam_bpp(c), h2d_cpu=c.bpp_param if pl.params == "gpu" else 0.0,
+                      gpu_buffer=opt + hg)
+
+
+def _gpu_split(c: Ctx, groups: list[float]) -> GpuSplit | None:
+    """Deep Optimizer States (``optimizer_split: perf-model``): every host sub-group's round trip
+    through the GPU, for the step's run-time choice."""
+    if c.st.optimizer_split != "perf-model":
+        return None
+    sz, b, pinned = c.sz, _split_bytes(c), c.st.pin_memory
+    hbm = c.cfg.hardware.gpu.hbm_bytes_per_s
+    streamed = []
+    for p in groups:
+        gather = c.collective(p * c.bpp_param * sz.dp, 1.0) if c.st.zero_stage in (1, 2) else None
+        streamed.append(StreamedGroup(_int(p * b.gpu_buffer), c.paths.dma(True, _int(p * b.h2d_gpu), pinned),
+                                      p * b.hbm_gpu / hbm, c.paths.dma(False, _int(p * b.d2h_gpu), pinned), gather))
+    return GpuSplit(tuple(streamed))
+
+
+def split_policy(cfg: RunConfig) -> PerfModelSplit:
+    """The split's run-time policy, starting from the profile's rates (CPU Adam also bound by DRAM)."""
+    c = build_ctx(cfg)
+    hw, groups = cfg.hardware, _subgroups(c)
+    cpu = min(hw.cpu.optimizer_params_per_s, hw.dram.bandwidth_bytes_per_s / _optimizer_dram_bpp(c))
+    link, kind = hw.host_link, "pinned" if c.st.pin_memory else "pageable"
+    rates = SplitRates(cpu_params_per_s=cpu / c.sz.ranks_per_node,
+                       h2d_bytes_per_s=getattr(link.h2d, kind).peak_bytes_per_s,
+                       d2h_bytes_per_s=getattr(link.d2h, kind).peak_bytes_per_s,
+                       hbm_bytes_per_s=hw.gpu.hbm_bytes_per_s, duplex_efficiency=link.duplex_efficiency)
+    return PerfModelSplit(len(groups), groups[0], rates, _split_bytes(c), 3 if c.st.optimizer_swap_pipeline else 1)
 
 
 def static_state(c: Ctx) -> StaticState:
@@ -422,8 +468,9 @@ def compose(cfg: RunConfig) -> System:
     period = _step_period(opt.orders) if isinstance(opt, CpuOptimizer) else 1
     notes: tuple[str, ...] = ()
     if c.st.optimizer_split == "perf-model":
-        notes = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen at run time from the "
-                 "previous step's rates (Deep Optimizer States); this schedule lists every sub-group on the CPU",)
+        notes = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen when each step starts, "
+                 "from the previous step's CPU rate and the GPU memory free then (Deep Optimizer States); the "
+                 "program shown is the default option's, every sub-group on the CPU",)
     sites = {SiteKind.INIT: (("static", Stage.RUN),), SiteKind.FORWARD: FORWARD_ORDER,
              SiteKind.BACKWARD: BACKWARD_ORDER, SiteKind.ITERATION_END: (("params", Stage.DONE),),
              SiteKind.STEP: (("optimizer", Stage.RUN),)}
