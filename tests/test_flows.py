@@ -6,11 +6,15 @@ copy alone takes exactly 1 s.
 
 from __future__ import annotations
 
-import simpy
+import math
+
 import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from offsim.config.run import make_run_config
-from offsim.engine.flows import Flow, FlowNetwork, max_min_rates
+from offsim.engine.flows import Flow, FlowNetwork, fair_rates, max_min_rates
 from offsim.engine.transfers import Transfers, resource_capacities
 from offsim.plan.footprint import state_sizes
 
@@ -107,3 +111,36 @@ def test_max_min_with_two_bottlenecks() -> None:
     b = Flow("b", 1.0, {"B": 1.0}, 1e9, env.event(), 0.0)
     rates = max_min_rates([a, b], {"A": 1.0, "B": 10.0})
     assert (rates[a], rates[b]) == (pytest.approx(1.0), pytest.approx(9.0))
+
+
+_RESOURCES = ("h2d", "d2h", "dram", "nvme", "cpu", "gpu_link")
+#: a usage coefficient: 0 (listed but unused), 1 (a link), or a drive's time per byte, DRAM's
+#: bytes touched per byte, a CPU update per byte
+_COEFS = hs.sampled_from([0.0, 1.0, 1.0, 2.0, 0.5, 1 / 3, 1e-9, 3.7e-10])
+_RATES = hs.one_of(hs.sampled_from([0.0, 1.0, 1e9, 2.5e10, math.inf]),
+                   hs.floats(min_value=1e-3, max_value=1e12, allow_nan=False))
+
+
+@hs.composite
+def _flow_sets(draw: hs.DrawFn) -> tuple[list[Flow], dict[str, float]]:
+    """1 to 7 flows over a subset of six resources, with ties, zero and infinite caps drawn often."""
+    capacity = {r: draw(_RATES.filter(lambda v: v < math.inf)) for r in _RESOURCES}
+    env = simpy.Environment()
+    flows = []
+    for i in range(draw(hs.integers(min_value=1, max_value=7))):
+        used = draw(hs.lists(hs.sampled_from(_RESOURCES), max_size=3, unique=True))
+        usage = {r: draw(_COEFS) for r in used}
+        flows.append(Flow(f"f{i}", 1.0, usage, draw(_RATES.filter(lambda v: v > 0)), env.event(), 0.0))
+    return flows, capacity
+
+
+@settings(max_examples=400, deadline=None)
+@given(_flow_sets())
+def test_fast_path_gives_the_general_rates(case: tuple[list[Flow], dict[str, float]]) -> None:
+    """fair_rates (the network's fast path: one flow in one step, several over the resources they
+    use) gives max_min_rates' rates to 1e-12 relative, for every flow."""
+    flows, capacity = case
+    fast, general = fair_rates(flows, capacity), max_min_rates(flows, capacity)
+    assert set(fast) == set(general) == set(flows)
+    for f in flows:
+        assert fast[f] == pytest.approx(general[f], rel=1e-12, abs=0.0) or fast[f] == general[f]
