@@ -36,6 +36,7 @@ EXPECTED = {
     "strategies": ["--json"],
     "compare": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
     "rok": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
+    "fit": [*CONFIG, "-s", "--strategy", *SHARED],
 }
 
 
@@ -61,7 +62,7 @@ def test_every_command_is_checked() -> None:
     assert set(_names()) - set(EXPECTED) <= {"schema", "version", "schedule"}
 
 
-@pytest.mark.parametrize("command", ["run", "report", "size", "tune", "validate", "compare", "rok"])
+@pytest.mark.parametrize("command", ["run", "report", "size", "tune", "validate", "compare", "rok", "fit"])
 def test_defaults_are_the_readme_main_example(command: str) -> None:
     text = " ".join(_help(command).split())
     assert DEFAULT_HARDWARE in text and DEFAULT_WORKLOAD in text
