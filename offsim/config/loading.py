@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from offsim.config.errors import format_validation_error
 from offsim.config.hardware import HardwareProfile
+from offsim.config.reading import Reading
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
 from offsim.errors import ConfigError
@@ -28,6 +29,7 @@ __all__ = [
     "load_profile",
     "load_strategy",
     "load_workload",
+    "read_strategy",
     "read_yaml",
     "resolve_path",
     "shipped_files",
@@ -217,7 +219,11 @@ def resolve_path(kind: str, name_or_path: str | Path) -> Path:
 
 def _load(kind: str, model: type[M], name_or_path: str | Path) -> M:
     path = resolve_path(kind, name_or_path)
-    data = read_yaml(path)
+    return _from_data(kind, model, path, read_yaml(path))
+
+
+def _from_data(kind: str, model: type[M], path: Path, data: Any) -> M:
+    """Validate the parsed file ``data`` of ``path`` as ``model``."""
     if kind == "workload" and path.suffix == ".json" and isinstance(data, dict) and "name" not in data:
         from offsim.config.hf import workload_from_hf_config
 
@@ -242,5 +248,51 @@ def load_workload(name_or_path: str | Path) -> Workload:
 
 @cache
 def load_strategy(name_or_path: str | Path) -> Strategy:
-    """Load a strategy by shipped name or path."""
-    return _load("strategy", Strategy, name_or_path)
+    """Load a strategy by shipped name or path.
+
+    A DeepSpeed ds_config, an Accelerate config or a Megatron-Core option file works too
+    (:func:`read_strategy`); read without a workload, an ``"auto"`` that needs the model is an
+    error saying so, and batch keys apply only through :func:`~offsim.config.run.make_run_config`.
+    """
+    return read_strategy(name_or_path).strategy
+
+
+def strategy_format(data: Any) -> str:
+    """Which kind of strategy file ``data`` is: ``offsim``, ``ds_config``, ``accelerate`` or
+    ``megatron`` (a mapping of Megatron-Core options, or their command-line text)."""
+    from offsim.config.accelerate import is_accelerate_config
+    from offsim.config.ds_config import is_ds_config
+    from offsim.config.megatron import is_megatron_options
+
+    if is_ds_config(data):
+        return "ds_config"
+    if is_accelerate_config(data):
+        return "accelerate"
+    if is_megatron_options(data):
+        return "megatron"
+    return "offsim"
+
+
+def read_strategy(name_or_path: str | Path, workload: Workload | None = None) -> Reading:
+    """Read a strategy file of any format offsim accepts, with what it understood.
+
+    ``workload``, when known, resolves the Hugging Face ``"auto"`` values that need the model
+    (the hidden size) and checks the batch keys against its data-parallel size; without it such
+    an ``"auto"`` is an error naming what is missing.
+    """
+    path = resolve_path("strategy", name_or_path)
+    data = read_yaml(path)
+    fmt = strategy_format(data)
+    if fmt == "offsim":
+        return Reading(source=str(path), fmt=fmt, strategy=_from_data("strategy", Strategy, path, data))
+    if fmt == "ds_config":
+        from offsim.config.ds_config import reading_from_ds_config
+
+        return reading_from_ds_config(data, str(path), workload)
+    if fmt == "accelerate":
+        from offsim.config.accelerate import reading_from_accelerate
+
+        return reading_from_accelerate(data, path, workload)
+    from offsim.config.megatron import reading_from_megatron
+
+    return reading_from_megatron(data, str(path), workload)

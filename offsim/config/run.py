@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from offsim.config.base import Frozen
 from offsim.config.hardware import HardwareProfile
-from offsim.config.loading import load_profile, load_strategy, load_workload
+from offsim.config.loading import load_profile, load_strategy, load_workload, read_strategy
+from offsim.config.reading import Reading
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
 from offsim.errors import ConfigError
@@ -27,6 +29,10 @@ class RunConfig(Frozen):
     strategy: Strategy
     iterations: int = Field(default=3, ge=1, le=1000)
     warmup_iterations: int = Field(default=1, ge=0)
+    notes: tuple[str, ...] = Field(
+        default=(), exclude=True,
+        description="what offsim says about the inputs: keys of a user's strategy file it ignores, "
+                    "approximations, workload fields the file changed (not part of the written config)")
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -74,16 +80,57 @@ def make_run_config(
     iterations: int = 3,
     warmup_iterations: int = 1,
 ) -> RunConfig:
-    """Build a RunConfig from names, paths or models; cross-file errors become ConfigError."""
+    """Build a RunConfig from names, paths or models; cross-file errors become ConfigError.
+
+    A strategy given as a path may be a DeepSpeed, Accelerate or Megatron-Core file: it is read
+    with the workload (for ``"auto"`` values), the batch and precision it sets are applied to the
+    workload (:func:`apply_strategy_file`), and what offsim ignored or approximated is kept in
+    :attr:`RunConfig.notes`.
+    """
     hw = hardware if isinstance(hardware, HardwareProfile) else load_profile(str(hardware))
     wl = workload if isinstance(workload, Workload) else load_workload(str(workload))
-    st = strategy if isinstance(strategy, Strategy) else load_strategy(str(strategy))
+    notes: tuple[str, ...] = ()
+    if isinstance(strategy, Strategy):
+        st = strategy
+    else:
+        reading = read_strategy(str(strategy), wl) if _is_path(strategy) else None
+        st = reading.strategy if reading is not None else load_strategy(str(strategy))
+        if reading is not None and reading.fmt != "offsim":
+            wl, changed = apply_strategy_file(wl, reading)
+            notes = reading.notes() + tuple(changed)
     if st.delayed_param_update:
         iterations = max(iterations, warmup_iterations + 2)
     try:
         return RunConfig(hardware=hw, workload=wl, strategy=st, iterations=iterations,
-                         warmup_iterations=warmup_iterations)
+                         warmup_iterations=warmup_iterations, notes=notes)
     except ValueError as exc:
         errs: list[dict] = getattr(exc, "errors", lambda: [])()
         msg = "; ".join(e["msg"].removeprefix("Value error, ") for e in errs) or str(exc)
         raise ConfigError(msg) from None
+
+
+def _is_path(name_or_path: str | Path) -> bool:
+    """True when ``name_or_path`` names a file rather than a shipped strategy."""
+    text = str(name_or_path)
+    return Path(text).suffix in (".yaml", ".yml", ".json", ".txt") or "/" in text or Path(text).exists()
+
+
+def apply_strategy_file(wl: Workload, reading: Reading) -> tuple[Workload, list[str]]:
+    """The workload with the batch and precision a user's strategy file sets, and one line per
+    field it changed.
+
+    The file's explicit values win; its ``"auto"`` values (and absent keys, where DeepSpeed's
+    batch rule leaves them free) were already filled from the workload, so they change nothing.
+    """
+    changes: dict[str, dict[str, Any]] = {"training": dict(reading.training), "precision": dict(reading.precision)}
+    lines: list[str] = []
+    updated: dict[str, object] = {}
+    for part, fields in changes.items():
+        current = getattr(wl, part)
+        diff = {k: v for k, v in fields.items() if getattr(current, k) != v}
+        if not diff:
+            continue
+        updated[part] = current.model_validate({**current.model_dump(), **diff})
+        lines += [f"{Path(reading.source).name}: sets workload {wl.name}'s {part}.{k} = {v} "
+                  f"(was {getattr(current, k)})" for k, v in diff.items()]
+    return (wl.model_copy(update=updated) if updated else wl), lines
