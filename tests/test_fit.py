@@ -128,7 +128,7 @@ def test_fit_json_fields(main_example: tuple[int, Any]) -> None:
     assert doc["params_total"] == doc["params_active"] == load_workload("llama2-7b").model.total_params
     assert {r["strategy"] for r in doc["strategies"]} == set(shipped_files("strategy"))
     for row in doc["strategies"]:
-        assert {"strategy", "status", "fits", "iteration_time_s", "tokens_per_s", "tiers", "reason",
+        assert {"strategy", "notes", "status", "fits", "iteration_time_s", "tokens_per_s", "tiers", "reason",
                 "simulated_peak_bytes", "deepspeed"} <= set(row)
     fitting = [r for r in doc["strategies"] if r["fits"]]
     assert fitting and all(set(r["tiers"]) == {"gpu", "host_pinned", "host", "nvme"} for r in fitting)
@@ -262,3 +262,16 @@ def test_shipped_llama3_workloads_are_llama31_shapes(shipped: str, tmp_path: Pat
     ours = load_workload(shipped).model
     assert from_hub.model_dump(exclude={"max_positions"}) == ours.model_dump(exclude={"max_positions"})
     assert from_hub.total_params == ours.total_params == LLAMA31_TOTAL[shipped]
+
+
+def test_fit_reads_a_ds_config_as_run_does() -> None:
+    """A DeepSpeed file is read with the workload, as ``offsim run`` reads it: the same time, and
+    what offsim ignored in it kept with the row."""
+    ds = str(Path(__file__).parent / "data" / "user_configs" / "hf_zero3_cpu_offload.json")
+    code, doc = _fit("-H", "tiny", "-w", "tiny", "-s", ds)
+    assert code == 0
+    (row,) = doc["strategies"]
+    assert row["strategy"] == ds and row["fits"] and row["notes"]
+    assert row["deepspeed"]["options"].startswith("ZeRO-3 offload_param=cpu, offload_optimizer=cpu")
+    run = runner.invoke(app, ["run", "-H", "tiny", "-w", "tiny", "-s", ds, "--json", "-q"])
+    assert math.isclose(row["iteration_time_s"], _strict(run.stdout)["iteration_time_s"], rel_tol=1e-12)

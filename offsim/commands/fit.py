@@ -68,21 +68,23 @@ def fit(
 ) -> None:
     """Does it fit (GPU, pinned host, host, NVMe), with which strategy, and how fast; with
     DeepSpeed's memory estimator for the same model. Exit 1 when no strategy fits."""
-    from offsim.config.loading import load_profile, load_strategy, load_workload, shipped_files
+    from offsim.config.loading import load_profile, load_workload, resolve_path, shipped_files
     from offsim.errors import OffsimError
     from offsim.report.progress import progress_bar
 
     given = _strategy_names(strategy)
     try:
         hw, wl = load_profile(hardware), load_workload(workload)
-        strategies = [load_strategy(name) for name in given or shipped_files("strategy")]
+        for name in given:  # an unknown name or a missing file fails before any work
+            resolve_path("strategy", name)
     except OffsimError as exc:
         fail(str(exc))
+    names = given or list(shipped_files("strategy"))
     found = []
-    with progress_bar(len(strategies), "checking strategies", enabled=not (quiet or as_json)) as advance:
-        for st in strategies:
-            advance(0, f"checking {st.name}")
-            found.append(assess(hw, wl, st, iterations, warmup))
+    with progress_bar(len(names), "checking strategies", enabled=not (quiet or as_json)) as advance:
+        for name in names:
+            advance(0, f"checking {name}")
+            found.append(assess(hw, wl, name, iterations, warmup))
             advance()
     if given:  # a strategy asked for by name that cannot run here is bad input, as in offsim run
         for a in found:
@@ -118,10 +120,13 @@ class Assessment:
     fp: Footprint | None = field(default=None, repr=False)
 
 
-def assess(hw: Any, wl: Any, st: Any, iterations: int, warmup: int) -> Assessment:
-    """Check one strategy: each tier's peak against its capacity; simulated when every tier fits.
+def assess(hw: Any, wl: Any, strategy: str, iterations: int, warmup: int) -> Assessment:
+    """Check one strategy (a shipped name or a file, read with the workload as ``offsim run``
+    reads it: a DeepSpeed, Accelerate or Megatron file may set the batch): each tier's peak
+    against its capacity; simulated when every tier fits.
 
-    The row's keys: ``strategy``, ``status`` (``fits``, ``does-not-fit``, ``cannot-run`` where the strategy
+    The row's keys: ``strategy`` (as given), ``notes`` (what offsim ignored or approximated in a
+    foreign strategy file), ``status`` (``fits``, ``does-not-fit``, ``cannot-run`` where the strategy
     does not combine with this hardware or workload), ``fits``, ``iteration_time_s`` and
     ``tokens_per_s`` (null unless simulated), ``tiers`` (:func:`tier_report`),
     ``simulated_peak_bytes``, ``reason`` (tier, need, capacity and text; null when it fits),
@@ -130,15 +135,16 @@ def assess(hw: Any, wl: Any, st: Any, iterations: int, warmup: int) -> Assessmen
     from offsim.errors import OffsimError
     from offsim.plan.footprint import footprint, state_sizes
 
-    row: dict[str, Any] = {"strategy": st.name, "status": "cannot-run", "fits": False, "iteration_time_s": None,
-                           "tokens_per_s": None, "tiers": {}, "simulated_peak_bytes": None, "reason": None,
-                           "deepspeed": None}
+    row: dict[str, Any] = {"strategy": strategy, "notes": [], "status": "cannot-run", "fits": False,
+                           "iteration_time_s": None, "tokens_per_s": None, "tiers": {}, "simulated_peak_bytes": None,
+                           "reason": None, "deepspeed": None}
     try:
-        cfg = make_run_config(hw, wl, st, iterations=iterations, warmup_iterations=warmup)
+        cfg = make_run_config(hw, wl, strategy, iterations=iterations, warmup_iterations=warmup)
         fp = footprint(cfg, state_sizes(cfg))
     except OffsimError as exc:
         row["reason"] = {"tier": None, "need_bytes": None, "capacity_bytes": None, "text": str(exc)}
         return Assessment(row)
+    row["notes"] = list(getattr(cfg, "notes", ()))
     row["tiers"] = tier_report(fp, hw.nvme is not None, hw.pfs is not None)
     over = fp.first_overflow()
     if over is not None:
@@ -169,14 +175,22 @@ def tier_report(fp: Any, with_nvme: bool, with_pfs: bool) -> dict[str, dict[str,
     for tier in TIER_LABELS:
         if (tier == "nvme" and not with_nvme) or (tier == "pfs" and not with_pfs):
             continue
-        items = fp.breakdown[tier]
-        if tier == "host":
-            items = {**fp.breakdown["host_pinned"], **fp.breakdown["host"]}
+        items = tier_items(fp, tier)
         top = sorted(items.items(), key=lambda kv: -kv[1])[:TOP_ITEMS]
         need, cap = fp.need_bytes[tier], fp.capacity_bytes[tier]
         out[tier] = {"peak_bytes": need, "capacity_bytes": cap, "fits": need <= cap,
                      "largest": [{"what": what, "bytes": nbytes} for what, nbytes in top]}
     return out
+
+
+def tier_items(fp: Any, tier: str) -> dict[str, float]:
+    """The footprint's items of ``tier`` (bytes per rank); ``host`` holds pinned and pageable."""
+    if tier != "host":
+        return dict(fp.breakdown[tier])
+    items = dict(fp.breakdown["host_pinned"])
+    for what, nbytes in fp.breakdown["host"].items():
+        items[what] = items.get(what, 0.0) + nbytes
+    return items
 
 
 def _overflow_text(tier: str, tiers: dict[str, dict[str, Any]], also: list[str]) -> str:
@@ -240,8 +254,7 @@ def compare_with_estimator(fp: Any, row: Any) -> dict[str, Any]:
     that are not model states (what the estimator leaves out: activations, buffers, transients)."""
     extra = {}
     for tier in ("gpu", "host"):
-        items = fp.breakdown[tier] if tier == "gpu" else {**fp.breakdown["host_pinned"], **fp.breakdown["host"]}
-        others = [(what, b) for what, b in items.items() if not what.startswith(MODEL_STATES)]
+        others = [(what, b) for what, b in tier_items(fp, tier).items() if not what.startswith(MODEL_STATES)]
         extra[tier] = [{"what": what, "bytes": b} for what, b in sorted(others, key=lambda kv: -kv[1])[:TOP_ITEMS]]
     return {"options": f"ZeRO-{row.stage} {row.options}", "estimator_gpu_bytes": row.gpu_bytes,
             "estimator_cpu_bytes": row.cpu_bytes, "offsim_gpu_bytes": fp.need_bytes["gpu"],
@@ -269,6 +282,13 @@ def _print_report(report: dict[str, Any], quiet: bool) -> None:
             what = "does not fit" if row["status"] == "does-not-fit" else "cannot run here"
             wide.print(f"[red]{escape(row['strategy'])}[/] {what}: {escape(row['reason']['text'])}",
                        highlight=False)
+    for row in rows:
+        if row["notes"]:
+            kinds = [next((k for k in ("ignored", "approximated") if f": {k}: " in line), "other")
+                     for line in row["notes"]]
+            counts = ", ".join(f"{kinds.count(k)} {k}" for k in ("ignored", "approximated", "other") if k in kinds)
+            say(f"{row['strategy']}: {len(kinds)} notes on the file ({counts}; listed in --json and by "
+                f"offsim strategies --explain {row['strategy']})")
     if report["deepspeed_estimator"] is not None:
         _print_estimator(report["deepspeed_estimator"], rows)
         for line in estimator_notes(rows):
