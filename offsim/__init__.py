@@ -10,8 +10,8 @@ Typical use::
 from offsim.config.loading import load_profile, load_strategy, load_workload
 from offsim.config.run import RunConfig, make_run_config
 from offsim.core._version import __version__
-from offsim.engine.run import simulate
 from offsim.results import RunResult
+from offsim.simulation import simulate
 
 __all__ = [
     "RunConfig",

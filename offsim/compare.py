@@ -54,10 +54,10 @@ from offsim.config.hardware import HardwareProfile
 from offsim.config.run import make_run_config
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
-from offsim.engine.run import simulate
 from offsim.errors import ConfigError, PolicyError
 from offsim.metrics import steady_iterations
 from offsim.results import RunResult
+from offsim.simulation import simulate
 
 CACHING = ("lru", "fifo", "mru", "lfu", "belady", "belady-size", "opt")
 ACTIVATIONS = ("keep", "recompute", "offload-cpu", "offload-nvme")

@@ -19,7 +19,7 @@ from offsim.compare import (
 )
 from offsim.config.loading import load_profile, load_strategy, load_workload
 from offsim.config.run import RunConfig
-from offsim.engine.run import simulate
+from offsim.simulation import simulate
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ISSUE_POLICIES = "lru,fifo,mru,lfu,belady,belady-size"
@@ -31,6 +31,8 @@ def _check_bounds(table: pd.DataFrame) -> None:
     ok = table[table["feasible"].astype(bool)]
     assert not ok.empty
     assert (ok["regret_bytes"] >= 0).all()
+    # no row is faster than the lower bound on the iteration time (offsim.iteration_bound)
+    assert (ok["iteration_time_s"] >= ok["iteration_time_lower_bound_s"] * (1 - 1e-9)).all()
     assert (ok["total_bytes"] >= ok["lower_bound_bytes"] * (1 - 1e-12)).all()
     assert (ok["upper_bound_bytes"] >= ok["lower_bound_bytes"] * (1 - 1e-12)).all()
     caches = [c[len("lower_bound_"):-len("_bytes")] for c in ok

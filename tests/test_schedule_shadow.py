@@ -2,7 +2,7 @@
 
 For every golden configuration, the work the compiled schedule contains (GPU kernels and flows,
 by track, activity, layer and bytes, per iteration) equals the work the engine
-(:mod:`offsim.engine.simulate`) ran, with two exceptions that are runtime decisions: the GPU
+(the former :mod:`offsim.engine.simulate`) ran, with two exceptions that are runtime decisions: the GPU
 parameter cache's and the DRAM optimizer cache's fetches depend on the policies (compared per
 unit: the engine ran each unit's fetch program a whole number of times), and Deep Optimizer
 States' per-step split is chosen from observed rates (left out of the schedule, said in its notes).

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from offsim.engine.run import simulate
+from offsim.simulation import simulate
 from offsim.plan.footprint import footprint
 from offsim.sweep.overrides import OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier, time_lower_bound

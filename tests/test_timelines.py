@@ -13,9 +13,9 @@ import pytest
 import simpy
 
 from offsim.config.run import RunConfig
-from offsim.engine.simulate import Engine
 from offsim.plan.footprint import state_sizes
 from offsim.plan.model import Layer
+from offsim.simulation import run_schedule
 from offsim.trace import Recorder
 from tests.conftest import strategy
 
@@ -34,11 +34,7 @@ def _run(profile, workload, st, fwd_s: float, bwd_s: float) -> Recorder:
     layers = tuple(Layer(i, f"block{i}", PARAMS, 0.0, fwd_s, bwd_s, 0.0, 0.0) for i in range(3))
     sz = dataclasses.replace(state_sizes(cfg), layers=layers, params_total=3 * PARAMS,
                              param_bytes=3 * PARAMS * 2.0, grad_bytes=3 * PARAMS * 2.0)
-    rec = Recorder()
-    engine = Engine(cfg, sz, rec)
-    engine.env.process(engine.run())
-    engine.env.run()
-    return rec
+    return run_schedule(cfg, sz)[0]
 
 
 def _spans(rec: Recorder, resource: str, kind: str | None = None) -> list[tuple[str, float, float]]:
@@ -147,11 +143,7 @@ def _run_with_activations(profile, workload, st, fwd_s: float, bwd_s: float, act
     layers = tuple(Layer(i, f"block{i}", PARAMS, 0.0, fwd_s, bwd_s, act_bytes, 0.0) for i in range(3))
     sz = dataclasses.replace(state_sizes(cfg), layers=layers, params_total=3 * PARAMS,
                              param_bytes=3 * PARAMS * 2.0, grad_bytes=3 * PARAMS * 2.0)
-    rec = Recorder()
-    engine = Engine(cfg, sz, rec)
-    engine.env.process(engine.run())
-    engine.env.run()
-    return rec
+    return run_schedule(cfg, sz)[0]
 
 
 def test_swapped_activations_throttle_forward_and_are_prefetched_in_backward(tiny_profile, tiny_workload) -> None:

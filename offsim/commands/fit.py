@@ -354,7 +354,8 @@ def estimator_notes(rows: list[dict[str, Any]]) -> list[str]:
              "additional_buffer_factor, x 4 bytes x GPUs per node when loaded without zero.Init). offsim also "
              "counts activations, the gathered-parameter window, gradient and staging buffers, the CUDA "
              "reserve and start-up transients (pageable sources of pinned copies), and rounds pinned "
-             "host tensors up to powers of two as PyTorch's caching host allocator does."]
+             "host tensors up to powers of two as PyTorch's caching host allocator does; it does not model "
+             "loading the checkpoint (the estimator's zero_init=0 lines)."]
     for row in rows:
         ds = row["deepspeed"]
         if ds is None:

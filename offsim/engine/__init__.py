@@ -1,5 +1,7 @@
-"""The discrete-event engine (SimPy lives only in this package)."""
+"""The discrete-event engine (SimPy lives only in this package): it executes a compiled
+:class:`~offsim.schedule.ops.Schedule` on a :class:`~offsim.engine.execute.Machine` and reads
+no strategy, workload or hardware configuration (:func:`offsim.simulation.simulate` joins them)."""
 
-from offsim.engine.run import simulate
+from offsim.engine.execute import Executor, Machine
 
-__all__ = ["simulate"]
+__all__ = ["Executor", "Machine"]

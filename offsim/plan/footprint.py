@@ -287,7 +287,7 @@ def _host_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]
 def _cache_grad_buffers(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
     """With a DRAM cache over NVMe optimizer state (an offsim policy, not DeepSpeed's), the
     engine's cache pins each sub-group's gradients read from NVMe while the sub-group is in flight
-    (:class:`~offsim.engine.optimizer_cache.OptimizerCache`), beside DeepSpeed's swap pool."""
+    (the ``dram_optimizer`` cache of :mod:`offsim.mechanisms.cpu_optimizer`), beside DeepSpeed's swap pool."""
     st = cfg.strategy
     group = min(st.sub_group_params, sz.local_params)
     in_flight = 3 if st.optimizer_swap_pipeline else 1

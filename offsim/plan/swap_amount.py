@@ -157,7 +157,7 @@ def short_list(cands: list[SwapCandidate], best: int) -> list[int]:
 def profile_s(cfg: RunConfig, n: int, total: int, tier: Literal["cpu", "nvme"]) -> float:
     """Simulated steady iteration time of the plan with ``n`` swapped blocks; ``inf`` when the
     simulation finds it does not fit."""
-    from offsim.engine.run import simulate  # the engine plans through this module
+    from offsim.simulation import simulate  # the engine plans through this module
 
     plan = per_block_plan(cfg, n, total, tier)
     iterations = PROFILE_ITERATIONS + (1 if cfg.strategy.delayed_param_update else 0)

@@ -51,10 +51,10 @@ from offsim.config.loading import load_strategy
 from offsim.config.run import RunConfig, make_run_config
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
-from offsim.engine.run import simulate
 from offsim.errors import OffsimError
 from offsim.plan.footprint import check_fit, state_sizes
 from offsim.plan.time_bound import time_lower_bound
+from offsim.simulation import simulate
 from offsim.units import GiB
 
 if TYPE_CHECKING:

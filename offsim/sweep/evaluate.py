@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from offsim.engine.run import simulate
 from offsim.errors import OffsimError
 from offsim.plan.footprint import footprint, state_sizes
 from offsim.plan.time_bound import time_lower_bound
+from offsim.simulation import simulate
 from offsim.sweep.cost import cost_columns, usd_per_hour
 from offsim.sweep.overrides import Library, OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier

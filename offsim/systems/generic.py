@@ -1,13 +1,13 @@
 """The generic system: today's strategy knobs, composed from the mechanisms.
 
 A scaffold for the migration to one file per system: it reads the whole :class:`Strategy` and
-builds every mechanism's numbers the way the SimPy engine (:mod:`offsim.engine.simulate`) runs
-them, so that the schedule it compiles can be compared op for op with what that engine does
-(``tests/test_schedule_shadow.py``).
+builds every mechanism's numbers the way the former SimPy engine ran them (the goldens of
+``tests/golden`` were recorded on it; ``tests/test_schedule_shadow.py`` compares the compiled
+work with the executed spans).
 
-Not yet in the schedule (the engine decides them at run time): Deep Optimizer States' per-step
-split (``optimizer_split: perf-model``), whose sub-groups streamed to the GPU are chosen from the
-rates observed in the previous step; the schedule lists every sub-group on the CPU and says so.
+Decided at run time, through policies the schedule names: cache residency and prefetch, and Deep
+Optimizer States' per-step split (``optimizer_split: perf-model``, a ``Choose`` whose program
+streams the chosen sub-groups through the GPU).
 """
 
 from __future__ import annotations
@@ -124,9 +124,9 @@ def _host_shares(cfg: RunConfig, sz: fp.StateSizes) -> tuple[float, ...]:
     return tuple(shares)
 
 
-def build_ctx(cfg: RunConfig) -> Ctx:
-    """Sizes, paths and the activation policy's per-layer decisions."""
-    sz = fp.state_sizes(cfg)
+def build_ctx(cfg: RunConfig, sz: fp.StateSizes | None = None) -> Ctx:
+    """Sizes (``sz``, or the configuration's), paths and the activation policy's per-layer decisions."""
+    sz = fp.state_sizes(cfg) if sz is None else sz
     layers = tuple(sz.layers)
     paths = Paths(cfg, resource_capacities(cfg, sz.ranks_per_node, sz.dp), _nvme_write_rate(cfg, sz))
     st = cfg.strategy
@@ -386,9 +386,9 @@ def _gpu_split(c: Ctx, groups: list[float]) -> GpuSplit | None:
     return GpuSplit(tuple(streamed))
 
 
-def split_policy(cfg: RunConfig) -> PerfModelSplit:
+def split_policy(cfg: RunConfig, sz: fp.StateSizes | None = None) -> PerfModelSplit:
     """The split's run-time policy, starting from the profile's rates (CPU Adam also bound by DRAM)."""
-    c = build_ctx(cfg)
+    c = build_ctx(cfg, sz)
     hw, groups = cfg.hardware, _subgroups(c)
     cpu = min(hw.cpu.optimizer_params_per_s, hw.dram.bandwidth_bytes_per_s / _optimizer_dram_bpp(c))
     link, kind = hw.host_link, "pinned" if c.st.pin_memory else "pageable"
@@ -454,9 +454,10 @@ BACKWARD_ORDER = (("params", Stage.ISSUE), ("activations", Stage.ISSUE), ("activ
                   ("activations", Stage.AFTER), ("grads", Stage.AFTER), ("params", Stage.DONE))
 
 
-def compose(cfg: RunConfig) -> System:
-    """The generic system for ``cfg``: the mechanisms its knobs call for, in the standard order."""
-    c = build_ctx(cfg)
+def compose(cfg: RunConfig, sz: fp.StateSizes | None = None) -> System:
+    """The generic system for ``cfg``: the mechanisms its knobs call for, in the standard order
+    (``sz``: sizes other than the configuration's, for hand-built layers in tests)."""
+    c = build_ctx(cfg, sz)
     mechs: dict[str, object] = {"static": static_state(c), "compute": compute(c), "activations": activations(c),
                                 "grads": grads(c), "optimizer": optimizer(c)}
     fetch = param_fetch(c)
@@ -490,6 +491,6 @@ class _Nothing:
         return None
 
 
-def compile_generic(cfg: RunConfig) -> Schedule:
+def compile_generic(cfg: RunConfig, sz: fp.StateSizes | None = None) -> Schedule:
     """The schedule of ``cfg`` under the generic system."""
-    return compile_system(compose(cfg))
+    return compile_system(compose(cfg, sz))

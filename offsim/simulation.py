@@ -1,0 +1,68 @@
+"""simulate(): size the state, check the fit, compile the schedule, execute it, summarise.
+
+The one place where a run configuration meets the engine: the system compiles the
+configuration into a :class:`~offsim.schedule.ops.Schedule`, the run-time policies come from
+the strategy (:mod:`offsim.systems.policies`), the :class:`~offsim.engine.execute.Machine` from
+the hardware profile, and :class:`~offsim.engine.execute.Executor` runs the schedule on it
+without reading any of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from offsim.cache_stats import cache_stats
+from offsim.config.run import RunConfig
+from offsim.engine.execute import Executor, Machine
+from offsim.errors import InfeasibleError
+from offsim.metrics import RunMetrics, steady_iterations, summarize
+from offsim.plan.footprint import StateSizes, capacities, check_fit, footprint, state_sizes
+from offsim.plan.paths import resource_capacities
+from offsim.plan.policy_plan import activation_policy, custom_activations
+from offsim.results import RunResult
+from offsim.systems.generic import compile_generic
+from offsim.systems.policies import run_policies
+from offsim.trace import Recorder
+
+
+def machine(cfg: RunConfig, sz: StateSizes) -> Machine:
+    """The hardware of ``cfg`` as the executor sees it: one simulated rank's resources."""
+    hw = cfg.hardware
+    capacity = {str(r): c for r, c in resource_capacities(cfg, sz.ranks_per_node, sz.dp).items()}
+    return Machine(capacity, hw.host_link.duplex_efficiency, hw.gpu.copy_engines, capacities(cfg),
+                   sz.ranks_per_node, hw.topology.nodes)
+
+
+def run_schedule(cfg: RunConfig, sz: StateSizes,
+                 on_iteration: Callable[[int, int], None] | None = None) -> tuple[Recorder, dict[str, float], int]:
+    """Compile ``cfg`` into a schedule and execute it; returns the recorder, the peak bytes per
+    reported tier and the SimPy events processed."""
+    schedule = compile_generic(cfg, sz)
+    rec = Recorder()
+    policies = run_policies(cfg, sz, schedule, rec)
+    executor = Executor(schedule, machine(cfg, sz), policies.caches, rec, on_iteration, policies.choices)
+    events = executor.run()
+    return rec, executor.memory.peak_bytes, events
+
+
+def simulate(cfg: RunConfig, on_iteration: Callable[[int, int], None] | None = None) -> RunResult:
+    """Simulate ``cfg``. A configuration that does not fit returns ``feasible=False`` with the
+    tier, the need and the capacity in ``infeasible_reason``; it is never silently simulated.
+
+    ``on_iteration(done, total)`` reports progress as iterations finish."""
+    t0 = time.perf_counter()
+    sz = state_sizes(cfg)
+    fp = footprint(cfg, sz)
+    fp_dict = {"need": fp.need_bytes, "capacity": fp.capacity_bytes}
+    try:
+        check_fit(cfg, sz)
+        rec, peaks, events = run_schedule(cfg, sz, on_iteration)
+    except InfeasibleError as exc:
+        metrics = RunMetrics(feasible=False, infeasible_reason=str(exc), infeasible_tier=exc.tier)
+        return RunResult(cfg, metrics, footprint_bytes=fp_dict, wall_time_s=time.perf_counter() - t0)
+    metrics = summarize(cfg, rec, peaks)
+    act = activation_policy(cfg, sz).name if custom_activations(cfg) else None
+    metrics = metrics.model_copy(update={"cache": cache_stats(rec, steady_iterations(cfg, rec)[0]),
+                                         "activation_policy": act})
+    return RunResult(cfg, metrics, rec, fp_dict, events, time.perf_counter() - t0)
