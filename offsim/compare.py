@@ -55,6 +55,7 @@ from offsim.config.run import make_run_config
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
 from offsim.errors import ConfigError, PolicyError
+from offsim.iteration_bound import iteration_lower_bound
 from offsim.metrics import steady_iterations
 from offsim.results import RunResult
 from offsim.simulation import simulate
@@ -214,7 +215,17 @@ def _row(label: str, result: RunResult) -> dict[str, Any]:
         row[f"stall_{name}_s"] = c.stall_s
     row["cache_stall_s"] = _cache_stall(result)
     row.update(_bound_columns(result))
+    row.update(_time_bound_columns(result))
     return row
+
+
+def _time_bound_columns(result: RunResult) -> dict[str, Any]:
+    """The lower bound on the iteration time any eviction policy reaches with this row's
+    strategy and budgets (:func:`offsim.iteration_bound.iteration_lower_bound`), its binding
+    term, and how far above it the row is (>= 0)."""
+    b = iteration_lower_bound(result)
+    return {"iteration_time_lower_bound_s": b.seconds, "iteration_time_bound_binding": b.binding,
+            "iteration_time_above_bound_s": result.metrics.iteration_time_s - b.seconds}
 
 
 def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
@@ -303,7 +314,8 @@ def decision(table: pd.DataFrame) -> str:
         versus = f", {gain:.3g} s faster than `{worst['variant']}`" if gain > 0 else ""
         clauses.append(f"with {_budget_words(cache_gib, dram_gib)}, {fastest} "
                        f"({best['iteration_time_s']:.4g} s per iteration{versus}); `{best['variant']}` moves "
-                       f"{best['total_bytes'] / 1e9:.4g} GB per iteration, {_against_bound(best)}")
+                       f"{best['total_bytes'] / 1e9:.4g} GB per iteration, {_against_bound(best)}"
+                       f"{_against_time_bound(part, best)}")
     if not clauses:
         return "No variant fits."
     text = "; ".join(clauses)
@@ -319,6 +331,26 @@ def _against_bound(row: pd.Series) -> str:
         return f"at {bound}"
     rel = row["regret_bytes"] / row["lower_bound_bytes"]
     return f"{row['regret_bytes'] / 1e9:.3g} GB ({rel:.2%}) above {bound}"
+
+
+#: What a binding term of the time bound is, in words (offsim.iteration_bound).
+BINDING_WORDS = {"nvme": "the NVMe array busy with the fewest bytes any policy moves",
+                 "h2d": "host-to-GPU copies of the fewest bytes any policy moves",
+                 "d2h": "GPU-to-host copies", "gpu_serial": "the GPU's compute",
+                 "cpu_optimizer": "the CPU optimizer", "dram": "host memory traffic"}
+
+
+def _against_time_bound(part: pd.DataFrame, best: pd.Series) -> str:
+    """``; no policy ... below X s (binding) ...``: the smallest of the budget's time bounds (a
+    bound for every row of it), and the fastest row's distance to it."""
+    if "iteration_time_lower_bound_s" not in part or part["iteration_time_lower_bound_s"].isna().all():
+        return ""
+    low = part.loc[part["iteration_time_lower_bound_s"].idxmin()]
+    seconds, binding = float(low["iteration_time_lower_bound_s"]), str(low["iteration_time_bound_binding"])
+    gap = best["iteration_time_s"] - seconds
+    return (f"; no policy can take less than {seconds:.4g} s per iteration with these budgets (a lower bound: "
+            f"{BINDING_WORDS.get(binding, binding)}, at peak rate), {gap:.3g} s ({gap / seconds:.1%}) below "
+            f"`{best['variant']}`: at most what a better eviction rule could gain")
 
 
 def anomalies(table: pd.DataFrame, column: str = "cache_gib") -> list[str]:
