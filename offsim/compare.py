@@ -224,8 +224,9 @@ def _time_bound_columns(result: RunResult) -> dict[str, Any]:
     strategy and budgets (:func:`offsim.iteration_bound.iteration_lower_bound`), its binding
     term, and how far above it the row is (>= 0)."""
     b = iteration_lower_bound(result)
+    seconds = result.metrics.iteration_time_s
     return {"iteration_time_lower_bound_s": b.seconds, "iteration_time_bound_binding": b.binding,
-            "iteration_time_above_bound_s": result.metrics.iteration_time_s - b.seconds}
+            "iteration_time_above_bound_s": math.nan if seconds is None else seconds - b.seconds}
 
 
 def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
