@@ -6,8 +6,8 @@ imports them (no ``cli <-> commands`` cycle).
 Exit codes, used by every subcommand:
 
 * ``0``: done;
-* ``1``: the answer is "no": a configuration does not fit (infeasible), a validation case
-  misses its tolerance, no machine meets a sizing target;
+* ``1``: the answer is "no": a configuration does not fit (infeasible; for ``fit``, no strategy
+  fits), a validation case misses its tolerance, no machine meets a sizing target;
 * ``2``: bad input (a file, a field or an option), reported as one message, never a traceback;
 * ``130`` / ``143``: interrupted by Ctrl-C / stopped by SIGTERM (a sweep says how to resume).
 """
