@@ -6,6 +6,7 @@ copy alone takes exactly 1 s.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,66 +15,76 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from offsim.config.run import make_run_config
-from offsim.engine.flows import Flow, FlowNetwork, fair_rates, max_min_rates
-from offsim.engine.transfers import Transfers, resource_capacities
+from offsim.core.enums import Activity, MechanismId, Phase
+from offsim.engine.execute import Executor
+from offsim.engine.flows import Flow, fair_rates, max_min_rates
 from offsim.plan.footprint import state_sizes
+from offsim.plan.paths import Paths, resource_capacities
+from offsim.schedule.ops import Block, Delay, Op, Repeat, Schedule, Tag
+from offsim.schedule.ops import Flow as FlowOp
+from offsim.simulation import machine
+from offsim.trace import Recorder
 
 GB = 1e9
 
 
-def _transfers(profile: str = "tiny", strategy: str = "zero-infinity-cpu") -> tuple[simpy.Environment, Transfers, list]:
+def _paths(profile: str = "tiny", strategy: str = "zero-infinity-cpu") -> Paths:
+    """The flows of ``profile`` (NVMe writes at 0.5 GB/s)."""
     cfg = make_run_config(profile, "tiny", strategy)
     sz = state_sizes(cfg)
-    env = simpy.Environment()
-    finished: list[tuple[str, float, float]] = []
-    net = FlowNetwork(env, resource_capacities(cfg, sz),
-                      on_finish=lambda f: finished.append((f.meta["name"], f.start_s, env.now)))
-    return env, Transfers(env, net, cfg, sz, nvme_write_bytes_per_s=0.5 * GB), finished
+    return Paths(cfg, resource_capacities(cfg, sz.ranks_per_node, sz.dp), 0.5 * GB)
 
 
-def _run(env: simpy.Environment, *gens) -> None:
-    for g in gens:
-        env.process(g)
-    env.run()
+def _run(paths: Paths, *flows: tuple[str, FlowOp, float], copy_engines: int | None = None) -> list:
+    """Run named flows, each after its delay (seconds), on the executor; returns
+    (name, start, end) of each flow's span."""
+    ops: list[Op] = []
+    for name, flow, delay in flows:
+        after: tuple[int, ...] = ()
+        if delay > 0:
+            ops.append(Op(len(ops), Delay(delay), Tag(Activity.FORWARD, MechanismId.COMPUTE, Phase.FORWARD)))
+            after = (len(ops) - 1,)
+        ops.append(Op(len(ops), flow, Tag(Activity.PARAM_FETCH, MechanismId.PARAM_FETCH, Phase.FORWARD,
+                                          label=name), after=after))
+    schedule = Schedule((Repeat("iteration", 1, (Block("flows", tuple(ops)),)),))
+    m = machine(paths.cfg, state_sizes(paths.cfg))
+    if copy_engines is not None:
+        m = dataclasses.replace(m, copy_engines=copy_engines)
+    rec = Recorder()
+    Executor(schedule, m, {}, rec).run()
+    return [(s.name, s.start_s, s.end_s) for s in rec.spans if s.kind == str(Activity.PARAM_FETCH)]
 
 
 def test_one_transfer_takes_bytes_over_bandwidth() -> None:
-    env, io, done = _transfers()
-    _run(env, io.h2d(1 * GB, name="a"))
-    assert done == [("a", 0.0, pytest.approx(1.0))]
+    p = _paths()
+    assert _run(p, ("a", p.dma(True, int(GB)), 0.0)) == [("a", 0.0, pytest.approx(1.0))]
 
 
 def test_two_flows_on_one_link_each_get_half() -> None:
     """Two 1 GB H2D copies started together share 1 GB/s: both end at 2 s."""
-    env, io, done = _transfers()
-    _run(env, io.h2d(1 * GB, name="a"), io.h2d(1 * GB, name="b"))
+    p = _paths()
+    done = _run(p, ("a", p.dma(True, int(GB)), 0.0), ("b", p.dma(True, int(GB)), 0.0))
     assert sorted(done) == [("a", 0.0, pytest.approx(2.0)), ("b", 0.0, pytest.approx(2.0))]
 
 
 def test_late_flow_shares_then_runs_alone() -> None:
     """a starts at 0, b at 0.5 s. a has 0.5 GB left at 0.5 s and gets half the link, so it ends
     at 1.5 s; b then has 0.5 GB left, alone at 1 GB/s, and ends at 2.0 s."""
-    env, io, done = _transfers()
-
-    def late():
-        yield env.timeout(0.5)
-        yield from io.h2d(1 * GB, name="b")
-
-    _run(env, io.h2d(1 * GB, name="a"), late())
+    p = _paths()
+    done = _run(p, ("a", p.dma(True, int(GB)), 0.0), ("b", p.dma(True, int(GB)), 0.5))
     assert dict((n, e) for n, _, e in done) == {"a": pytest.approx(1.5), "b": pytest.approx(2.0)}
 
 
 def test_h2d_and_d2h_run_at_full_rate_together() -> None:
-    env, io, done = _transfers()
-    _run(env, io.h2d(1 * GB, name="up"), io.d2h(1 * GB, name="down"))
+    p = _paths()
+    done = _run(p, ("up", p.dma(True, int(GB)), 0.0), ("down", p.dma(False, int(GB)), 0.0))
     assert sorted(done) == [("down", 0.0, pytest.approx(1.0)), ("up", 0.0, pytest.approx(1.0))]
 
 
 def test_pageable_copy_is_capped_by_its_curve() -> None:
     """tiny's pageable rate is 0.5 GB/s: 1 GB takes 2 s, and it stages through host memcpy."""
-    env, io, done = _transfers()
-    _run(env, io.h2d(1 * GB, pinned=False, name="p"))
-    assert done == [("p", 0.0, pytest.approx(2.0))]
+    p = _paths()
+    assert _run(p, ("p", p.dma(True, int(GB), pinned=False), 0.0)) == [("p", 0.0, pytest.approx(2.0))]
 
 
 def test_nvme_reads_and_writes_share_the_drive() -> None:
@@ -81,16 +92,15 @@ def test_nvme_reads_and_writes_share_the_drive() -> None:
     drive's time and a byte written 2 ns. Together, max-min fairness gives both the same byte rate
     r with r*1 + r*2 = 1 GB/s of drive time: r = 1/3 GB/s, and both 0.5 GB flows end at 1.5 s
     (alone they would take 0.5 s and 1 s)."""
-    env, io, done = _transfers("tiny", "zero-infinity-nvme")
-    _run(env, io.nvme_read(0.5 * GB, name="r"), io.nvme_write(0.5 * GB, name="w"))
+    p = _paths("tiny", "zero-infinity-nvme")
+    done = _run(p, ("r", p.nvme(True, int(0.5 * GB)), 0.0), ("w", p.nvme(False, int(0.5 * GB)), 0.0))
     assert dict((n, e) for n, _, e in done) == {"r": pytest.approx(1.5), "w": pytest.approx(1.5)}
 
 
 def test_copy_engines_bound_concurrent_dma() -> None:
     """With one copy engine, a second copy waits for the first instead of sharing the link."""
-    env, io, done = _transfers()
-    io.copy_engines = simpy.Resource(env, capacity=1)
-    _run(env, io.h2d(1 * GB, name="a"), io.h2d(1 * GB, name="b"))
+    p = _paths()
+    done = _run(p, ("a", p.dma(True, int(GB)), 0.0), ("b", p.dma(True, int(GB)), 0.0), copy_engines=1)
     assert dict((n, (s, e)) for n, s, e in done) == {
         "a": (0.0, pytest.approx(1.0)), "b": (pytest.approx(1.0), pytest.approx(2.0))}
 

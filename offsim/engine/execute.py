@@ -160,7 +160,7 @@ class Executor:
             node = Node(op, iteration, micro_batch, str(op.tag.phase))
             nodes.append(node)
             self._issue(node, [nodes[a] for a in op.after], micro_batch)
-            if op.stream == self.main and not node.finished:
+            if op.stream is not None and op.stream == self.main and not node.finished:
                 node.waiters.append(self._advance)
                 return
 
