@@ -1,6 +1,7 @@
 """The ``offsim`` command line (Typer).
 
-Core commands live here (``run``, ``profiles``, ``workloads``, ``strategies``, ``schema``);
+Core commands live here (``run``, ``profiles``, ``workloads``, ``schema``; ``strategies`` is in
+:mod:`offsim.commands.strategies`);
 every module in :mod:`offsim.commands` adds its own with a ``register(app)`` function.
 User errors (:class:`~offsim.errors.OffsimError`) print one message and exit with status 2; the
 exit codes of every command are listed once, in :mod:`offsim.commands._common`.
@@ -37,6 +38,7 @@ from offsim.commands._common import (
     check_out_file,
     console,
     fail,
+    note,
     print_json,
     print_metrics_table,
     say,
@@ -90,6 +92,8 @@ def run(
     check_out_file(spans_csv, "--spans")
     try:
         cfg = make_run_config(hardware, workload, strategy, iterations=iterations, warmup_iterations=warmup)
+        for line in () if quiet else cfg.notes:  # a user's DeepSpeed/Accelerate/Megatron file: what was ignored
+            note(line)
         with progress_bar(cfg.iterations, "simulating iterations", enabled=not quiet) as advance:
             result = simulate(cfg, on_iteration=lambda done, total: advance())
     except OffsimError as exc:
@@ -108,7 +112,7 @@ def run(
         raise typer.Exit(EXIT_NO)
 
 
-def _list(kind: str, describe: Callable[[Any], str], as_json: bool) -> None:
+def list_shipped(kind: str, describe: Callable[[Any], str], as_json: bool) -> None:
     """Print the shipped files of ``kind`` with a one-line summary each."""
     from offsim.config import loading
 
@@ -149,19 +153,13 @@ def _describe_workload(w: Any) -> str:
 @app.command()
 def profiles(as_json: JsonOpt = False) -> None:
     """List the shipped hardware profiles."""
-    _list("hardware", _describe_profile, as_json)
+    list_shipped("hardware", _describe_profile, as_json)
 
 
 @app.command()
 def workloads(as_json: JsonOpt = False) -> None:
     """List the shipped workloads."""
-    _list("workload", _describe_workload, as_json)
-
-
-@app.command()
-def strategies(as_json: JsonOpt = False) -> None:
-    """List the shipped strategies."""
-    _list("strategy", lambda s: s.description, as_json)
+    list_shipped("workload", _describe_workload, as_json)
 
 
 @app.command()

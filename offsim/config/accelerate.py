@@ -14,6 +14,8 @@ accelerate ``16cb6eb80d`` and PyTorch ``torch/distributed/fsdp/_fully_shard/``
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ TOP_LEVEL = {
     "use_cpu": "launcher only", "gpu_ids": "launcher only", "enable_cpu_affinity": "launcher only",
     "debug": "launcher only", "downcast_bf16": "TPU only", "tpu_name": "TPU only", "tpu_zone": "TPU only",
     "tpu_use_cluster": "TPU only", "tpu_use_sudo": "TPU only", "commands": "TPU only", "command_file": "TPU only",
-    "dynamo_config": "torch.compile: not modelled", "fp8_config": "fp8 recipes: not modelled",
+    "dynamo_config": "torch.compile: not modelled", "dynamo_backend": "torch.compile: not modelled",
+    "tpu_env": "TPU only", "fp8_config": "fp8 recipes: not modelled",
     "megatron_lm_config": "not read (give Megatron-Core options as their own file)",
     "ipex_config": "CPU training: not modelled", "mpirun_config": "launcher only",
     "parallelism_config": "not modelled (context/tensor parallel sizes come from the workload)",
@@ -77,6 +80,14 @@ FSDP_KEYS = {
 }
 
 
+def json_file(path: Path) -> Any:
+    """A JSON file's content (errors as :class:`ConfigError`)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON file ({exc})") from None
+
+
 def is_accelerate_config(data: Any) -> bool:
     """True when ``data`` looks like an ``accelerate config`` file."""
     return isinstance(data, dict) and "schema_version" not in data and any(
@@ -94,14 +105,16 @@ def _ignored(section: dict[str, Any], reasons: dict[str, str], where: str) -> li
     return [f"{where}{k}: {reasons[k]}" for k in section if reasons.get(k)]
 
 
-def reading_from_accelerate(data: dict[str, Any], path: Path, workload: Workload | None = None) -> Reading:
-    """An Accelerate config as offsim understands it (see the module docstring)."""
+def reading_from_accelerate(data: dict[str, Any], path: Path, workload: Workload | None = None,
+                            read_file: Callable[[Path], Any] = json_file) -> Reading:
+    """An Accelerate config as offsim understands it (see the module docstring); ``read_file``
+    parses a ``deepspeed_config_file`` (the loader passes its safe YAML/JSON reader)."""
     source = str(path)
     _check_keys(data, TOP_LEVEL, "", source)
     kind = str(data.get("distributed_type", "DEEPSPEED" if "deepspeed_config" in data else "FSDP"))
     top = _ignored(data, TOP_LEVEL, "")
     if kind == "DEEPSPEED":
-        reading = _deepspeed(data, path, workload)
+        reading = _deepspeed(data, path, workload, read_file)
     elif kind == "FSDP":
         reading = _fsdp(data, source)
     elif kind in ("NO", "MULTI_GPU"):
@@ -123,7 +136,8 @@ def _mixed_precision(data: dict[str, Any], source: str) -> dict[str, Any]:
     return {"bf16": {"enabled": True}} if mp in ("bf16", "fp8") else {}
 
 
-def _deepspeed(data: dict[str, Any], path: Path, workload: Workload | None) -> Reading:
+def _deepspeed(data: dict[str, Any], path: Path, workload: Workload | None,
+               read_file: Callable[[Path], Any]) -> Reading:
     """The DeepSpeed plugin: its own keys, or the ds_config file it names."""
     source = str(path)
     plugin = data.get("deepspeed_config") or {}
@@ -132,7 +146,7 @@ def _deepspeed(data: dict[str, Any], path: Path, workload: Workload | None) -> R
     _check_keys(plugin, {**DS_PLUGIN, **DS_PLUGIN_IGNORED}, "deepspeed_config.", source)
     ignored = _ignored(plugin, DS_PLUGIN_IGNORED, "deepspeed_config.")
     if "deepspeed_config_file" in plugin:
-        ds, where = _ds_file(plugin, path)
+        ds, where = _ds_file(plugin, path, read_file)
     else:
         ds, where = _plugin_ds_config(plugin, data, source), source
     if data.get("mixed_precision") == "fp8":
@@ -157,11 +171,9 @@ def _plugin_ds_config(plugin: dict[str, Any], data: dict[str, Any], source: str)
     return ds
 
 
-def _ds_file(plugin: dict[str, Any], path: Path) -> tuple[dict[str, Any], str]:
+def _ds_file(plugin: dict[str, Any], path: Path, read_file: Callable[[Path], Any]) -> tuple[dict[str, Any], str]:
     """The ds_config named by ``deepspeed_config_file`` (relative to the Accelerate file's folder,
     else to the working folder); the plugin keys it owns must not be set beside it."""
-    from offsim.config.loading import read_yaml
-
     clash = [k for k in plugin if k in DS_PLUGIN and k != "deepspeed_config_file"]
     if clash:
         raise ConfigError(f"{path}: deepspeed_config.{clash[0]} is set beside deepspeed_config_file; "
@@ -170,7 +182,7 @@ def _ds_file(plugin: dict[str, Any], path: Path) -> tuple[dict[str, Any], str]:
     file = path.parent / name if (path.parent / name).exists() else name
     if not file.exists():
         raise ConfigError(f"{path}: deepspeed_config.deepspeed_config_file {name}: no such file")
-    ds = read_yaml(file)
+    ds = read_file(file)
     if not isinstance(ds, dict) or "zero_optimization" not in ds:
         raise ConfigError(f"{file}: no zero_optimization section; Accelerate refuses such a DeepSpeed config")
     ds.setdefault("gradient_accumulation_steps", 1)  # Accelerate's fill when the file has none

@@ -115,7 +115,8 @@ IGNORED: dict[str, Key] = {
     **_ignored(OFFLOAD, "CPU Adam's rate comes from the hardware profile", _OO + "cpuadam_cores_perc"),
     **_ignored(PREC, "loss scaling: " + _NOT_TIME, *("fp16." + k for k in (
         "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
-        "min_loss_scale", "auto_cast"))),
+        "min_loss_scale"))),
+    "fp16.auto_cast": Key(False, PREC, "autocast of the model's inputs: the workload's compute format decides"),
     **_ignored(PREC, "not modelled: offsim keeps fp32 master weights and moments (the workload's precision)",
                "fp16.fp16_master_weights_and_grads", "bf16.bf16_master_weights_and_grads",
                "bf16.bf16_optimizer_states", "bf16.immediate_grad_update"),

@@ -264,12 +264,12 @@ def strategy_format(data: Any) -> str:
     from offsim.config.ds_config import is_ds_config
     from offsim.config.megatron import is_megatron_options
 
+    if is_megatron_options(data):  # first: a Megatron mapping may hold bf16/fp16, as a ds_config does
+        return "megatron"
     if is_ds_config(data):
         return "ds_config"
     if is_accelerate_config(data):
         return "accelerate"
-    if is_megatron_options(data):
-        return "megatron"
     return "offsim"
 
 
@@ -292,7 +292,7 @@ def read_strategy(name_or_path: str | Path, workload: Workload | None = None) ->
     if fmt == "accelerate":
         from offsim.config.accelerate import reading_from_accelerate
 
-        return reading_from_accelerate(data, path, workload)
+        return reading_from_accelerate(data, path, workload, read_yaml)
     from offsim.config.megatron import reading_from_megatron
 
     return reading_from_megatron(data, str(path), workload)

@@ -11,6 +11,7 @@ and ``megatron/core/transformer/transformer_config.py`` (activation offload and 
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -80,7 +81,7 @@ def is_megatron_options(data: Any) -> bool:
 
 def parse_arguments(text: str) -> dict[str, Any]:
     """``--flag value`` pairs (a flag followed by another flag is a switch; ``--no-x`` is x false)."""
-    tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    tokens = shlex.split(re.sub(r"\\\s", " ", text), comments=True)  # line continuations
     out: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
