@@ -40,3 +40,15 @@ def test_differences_sees_a_moved_time() -> None:
     assert golden.differences({"t": 1.0}, {"t": 1.0 + 1e-12}) == []
     assert golden.differences({"t": 1.0}, {"t": 1.001}) != []
     assert golden.differences({"b": 3}, {"b": 4}) != []
+
+
+@pytest.mark.parametrize(("hardware", "workload", "strategy"), golden.configurations(),
+                         ids=lambda v: str(v))
+def test_time_bound_is_below_the_simulated_time(hardware: str, workload: str, strategy: str) -> None:
+    """The closed-form lower bound (offsim.plan.time_bound) never exceeds the simulated
+    iteration time of a configuration that runs (both as recorded in the golden)."""
+    rec = json.loads(golden.file_for(strategy).read_text())[f"{hardware}/{workload}"]
+    metrics, bound = rec["metrics"], rec["time_bound"]
+    if not metrics["feasible"] or "error" in bound:
+        pytest.skip(f"does not run: {metrics.get('infeasible_reason') or bound.get('error')}")
+    assert bound["seconds"] <= metrics["iteration_time_s"] * (1 + 1e-9), (bound, metrics["iteration_time_s"])

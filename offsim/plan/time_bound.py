@@ -26,6 +26,8 @@ The sweep's pre-filter (:mod:`offsim.sweep.prefilter`), ProTrain's knob search
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from offsim.config.run import RunConfig
@@ -127,6 +129,26 @@ def min_traffic_bytes(cfg: RunConfig, sz: StateSizes) -> dict[str, float]:
     return t
 
 
+def _streamed_update(cfg: RunConfig, sz: StateSizes) -> tuple[float, float]:
+    """Deep Optimizer States (``optimizer_split: perf-model``) may update any sub-group on the
+    GPU instead: (the most parameters per second that path adds to the CPU's, its DRAM bytes per
+    parameter). Each such parameter crosses H2D (fp32 state and gradient), D2H (the state, and
+    the 16-bit parameter when parameters live on the host) and HBM (GPU Adam), each at its peak
+    rate. Without the split: (0, inf)."""
+    st = cfg.strategy
+    if st.optimizer_split != "perf-model":
+        return 0.0, math.inf
+    hw, link = cfg.hardware, cfg.hardware.host_link
+    opt, hg = sz.optimizer_bytes_per_param, sz.host_grad_bytes_per_param
+    bpp_param = sz.param_bytes / sz.params_total
+    h2d_bpp, d2h_bpp = opt + hg, opt + (bpp_param if st.placement.params != "gpu" else 0.0)
+    hbm_bpp = 2 * opt + hg + bpp_param
+    rate = min(max(link.h2d.pinned.peak_bytes_per_s, link.h2d.pageable.peak_bytes_per_s) / h2d_bpp,
+               max(link.d2h.pinned.peak_bytes_per_s, link.d2h.pageable.peak_bytes_per_s) / d2h_bpp,
+               hw.gpu.hbm_bytes_per_s / hbm_bpp)
+    return rate, h2d_bpp + d2h_bpp
+
+
 def _gpu_serial_s(cfg: RunConfig, sz: StateSizes, cpu_step_s: float) -> float:
     """GPU stream work that cannot overlap: compute of every micro-batch, plus an optimizer step
     that blocks the stream (a GPU step; a CPU step after backward without the delayed update)."""
@@ -166,10 +188,12 @@ def time_lower_bound(cfg: RunConfig, sz: StateSizes | None = None) -> TimeBound:
     dram_bytes = traffic["h2d"] + traffic["d2h"] + traffic["nvme_read"] + traffic["nvme_write"]
     if st.optimizer_device == "cpu":
         updated = sz.local_params / st.grad_compression_ratio * (1.0 - st.optimizer_gpu_fraction)
-        cpu_step_s = updated / (hw.cpu.optimizer_params_per_s / n)
-        terms["cpu_optimizer"] = cpu_step_s
         bpp_param = sz.param_bytes / sz.params_total
-        dram_bytes += updated * (2 * sz.optimizer_bytes_per_param + sz.host_grad_bytes_per_param + bpp_param)
+        cpu_bpp = 2 * sz.optimizer_bytes_per_param + sz.host_grad_bytes_per_param + bpp_param
+        gpu_params_per_s, gpu_dram_bpp = _streamed_update(cfg, sz)
+        cpu_step_s = updated / (hw.cpu.optimizer_params_per_s / n + gpu_params_per_s)
+        terms["cpu_optimizer"] = cpu_step_s
+        dram_bytes += updated * min(cpu_bpp, gpu_dram_bpp)
     terms["dram"] = dram_bytes / (hw.dram.bandwidth_bytes_per_s / n)
     terms["gpu_serial"] = _gpu_serial_s(cfg, sz, cpu_step_s)
     binding = max(terms, key=lambda k: terms[k])
