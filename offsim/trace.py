@@ -6,6 +6,7 @@ how the metrics are computed) but skip the DataFrame conversion.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -76,15 +77,29 @@ class CacheEvent:
 
 @dataclass
 class Recorder:
-    """Collects spans, level samples and iteration boundaries."""
+    """Collects spans, level samples and iteration boundaries.
+
+    Level samples are kept as three columns (time in s, tier index, bytes; 17 bytes a sample
+    rather than a Python object of ~100) and read back as :class:`LevelSample` by :attr:`levels`.
+    """
 
     spans: list[Span] = field(default_factory=list)
-    levels: list[LevelSample] = field(default_factory=list)
     iteration_starts_s: list[float] = field(default_factory=list)
     phases: list[tuple[int, str, float, float]] = field(default_factory=list)
     end_s: float = 0.0
     cache_events: list[CacheEvent] = field(default_factory=list)
     cache_info: dict[str, dict] = field(default_factory=dict)
+    level_t_s: array = field(default_factory=lambda: array("d"), repr=False)
+    level_tier: array = field(default_factory=lambda: array("B"), repr=False)
+    level_bytes: array = field(default_factory=lambda: array("d"), repr=False)
+    tier_names: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def levels(self) -> list[LevelSample]:
+        """The level samples in the order recorded (built on each call: read it once)."""
+        names = self.tier_names
+        return [LevelSample(t, names[i], b) for t, i, b in zip(self.level_t_s, self.level_tier, self.level_bytes,
+                                                                strict=True)]
 
     def cache(self, event: CacheEvent) -> None:
         """Record one cache event."""
@@ -99,8 +114,16 @@ class Recorder:
         self.spans.append(span)
 
     def level(self, t_s: float, tier: str, nbytes: float) -> None:
-        """Record a memory level change."""
-        self.levels.append(LevelSample(t_s, tier, nbytes))
+        """Record that ``tier`` holds ``nbytes`` from ``t_s`` (seconds) on."""
+        names = self.tier_names
+        try:
+            index = names.index(tier)
+        except ValueError:  # a tier's first sample
+            index = len(names)
+            names.append(tier)
+        self.level_t_s.append(t_s)
+        self.level_tier.append(index)
+        self.level_bytes.append(nbytes)
 
     def spans_frame(self) -> pd.DataFrame:
         """Spans as a DataFrame with :data:`SPAN_COLUMNS`."""
@@ -112,4 +135,6 @@ class Recorder:
         """Level samples as a DataFrame with :data:`LEVEL_COLUMNS`."""
         import pandas as pd
 
-        return pd.DataFrame([asdict(s) for s in self.levels], columns=LEVEL_COLUMNS)
+        names = self.tier_names
+        return pd.DataFrame({"t_s": list(self.level_t_s), "tier": [names[i] for i in self.level_tier],
+                             "bytes": list(self.level_bytes)}, columns=LEVEL_COLUMNS)

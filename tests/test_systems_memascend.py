@@ -54,10 +54,13 @@ def run(hardware: str, workload, strat) -> RunMetrics:
 
 
 def host_levels(r: RunResult, after_s: float = -1.0, until_s: float = float("inf")) -> float:
-    """Highest node host level (pinned + pageable) in (after_s, until_s]."""
+    """Highest node host level (pinned + pageable) in (after_s, until_s]: the level held at
+    ``after_s`` and each change after it (a tier's level is sampled when it changes)."""
     df = r.levels()
-    df = df[(df.tier == "host") & (df.t_s > after_s) & (df.t_s <= until_s)]
-    return float(df.bytes.max())
+    host = df[df.tier == "host"]
+    held = host[host.t_s <= after_s].bytes.tail(1).tolist()
+    inside = host[(host.t_s > after_s) & (host.t_s <= until_s)].bytes.tolist()
+    return float(max(held + inside))
 
 
 # ---------------------------------------------------------------- DeepSpeed's buffers, by hand

@@ -19,14 +19,25 @@ from offsim.core.errors import InfeasibleError, ScheduleError
 REPORTED_TIERS = ("gpu", "host_pinned", "host", "nvme", "pfs")
 
 
+#: the reported tiers whose level a change of each tier moves (``host`` is pinned + pageable)
+_REPORTED_BY: dict[Tier, tuple[str, ...]] = {
+    Tier.GPU: ("gpu",), Tier.HOST_PINNED: ("host_pinned", "host"), Tier.HOST_PAGEABLE: ("host",),
+    Tier.NVME: ("nvme",), Tier.PFS: ("pfs",),
+}
+
+
 class Memory:
-    """Bytes held per tier, with peaks; every change is reported to ``on_level``.
+    """Bytes held per tier, with peaks; every change of a reported level goes to ``on_level``.
+
+    A change reports only the levels it moves (issue 16: a level is a step function, and
+    repeating an unchanged level at every change of another tier was most of the samples); the
+    first change reports every tier, so each has a sample from the first instant on.
 
     Args:
         now: the clock (seconds).
         capacity_bytes: per reported tier: GPU per rank, host and NVMe per node, PFS per job.
         ranks_per_node / nodes: multipliers from rank levels to node and job levels.
-        on_level: called with (t_s, reported tier, level bytes) after every change.
+        on_level: called with (t_s, reported tier, level bytes) after every change of that level.
     """
 
     def __init__(self, now: Callable[[], float], capacity_bytes: dict[str, float], ranks_per_node: int,
@@ -39,17 +50,24 @@ class Memory:
         self.held: dict[tuple[Tier, Hashable], int] = {}
         self.rank_bytes = dict.fromkeys(Tier, 0)
         self.peak_bytes = dict.fromkeys(REPORTED_TIERS, 0.0)
+        self._reported = False  # no level reported yet: the first change reports every tier
+
+    def level(self, tier: str) -> float:
+        """One reported level (bytes): GPU per rank, the PFS for the job, the others per node."""
+        r = self.rank_bytes
+        if tier == "gpu":
+            return float(r[Tier.GPU])
+        if tier == "host_pinned":
+            return float(r[Tier.HOST_PINNED] * self.ranks)
+        if tier == "host":
+            return float((r[Tier.HOST_PINNED] + r[Tier.HOST_PAGEABLE]) * self.ranks)
+        if tier == "nvme":
+            return float(r[Tier.NVME] * self.ranks)
+        return float(r[Tier.PFS] * self.ranks * self.nodes)
 
     def levels(self) -> dict[str, float]:
         """Levels as reported: GPU per rank, the PFS for the job, the others per node."""
-        r = self.rank_bytes
-        return {
-            "gpu": float(r[Tier.GPU]),
-            "host_pinned": float(r[Tier.HOST_PINNED] * self.ranks),
-            "host": float((r[Tier.HOST_PINNED] + r[Tier.HOST_PAGEABLE]) * self.ranks),
-            "nvme": float(r[Tier.NVME] * self.ranks),
-            "pfs": float(r[Tier.PFS] * self.ranks * self.nodes),
-        }
+        return {tier: self.level(tier) for tier in REPORTED_TIERS}
 
     def gpu_free_bytes(self) -> float:
         """GPU memory not held now."""
@@ -63,7 +81,7 @@ class Memory:
         self.held[(tier, key)] = nbytes
         if nbytes > 0:
             self.rank_bytes[tier] += nbytes
-            self._update(what)
+            self._update(tier, what)
 
     def free(self, tier: Tier, key: Hashable) -> None:
         """Release what ``key`` holds on ``tier``."""
@@ -72,11 +90,16 @@ class Memory:
             raise ScheduleError(f"{key} is freed on {tier} but holds nothing there")
         if nbytes > 0:
             self.rank_bytes[tier] -= nbytes
-            self._update(lambda: "")
+            self._update(tier, lambda: "")
 
-    def _update(self, what: Callable[[], str]) -> None:
+    def _update(self, changed: Tier, what: Callable[[], str]) -> None:
+        """Check, peak and report the levels a change of ``changed`` moved (the others cannot
+        have crossed a capacity or a peak)."""
         t = self.now()
-        for tier, level in self.levels().items():
+        tiers = _REPORTED_BY[changed] if self._reported else REPORTED_TIERS
+        self._reported = True
+        for tier in tiers:
+            level = self.level(tier)
             cap = self.capacity_bytes[tier]
             if level > cap * (1 + 1e-9):
                 scope = {"gpu": "per GPU", "pfs": "for the job"}.get(tier, "per node")
