@@ -32,8 +32,16 @@ of gradients) are the same for every policy and count in both bounds, so ``lower
 and ``upper_bound_bytes`` are totals over all links, like ``total_bytes``; ``regret_bytes`` =
 ``total_bytes - lower_bound_bytes`` >= 0. Links are those between tiers (host memory copies,
 ``dram_copy``, are left out of the totals). Per cache, ``<cache>_bytes`` (what the policy moved
-for it over all links), ``lower_bound_<cache>_bytes``, ``upper_bound_<cache>_bytes`` and
-``regret_<cache>_bytes``.
+for it over all links), ``lower_bound_<cache>_bytes``, ``upper_bound_<cache>_bytes``,
+``regret_<cache>_bytes``, ``bound_exact_<cache>`` and ``bound_method_<cache>`` (``foo-flow``, or
+``pfoo`` on sequences too long for one flow: then the bounds rarely meet and the gap is shown).
+
+Time: ``iteration_time_lower_bound_s`` is a lower bound on the steady iteration time any eviction
+policy reaches with the row's strategy and budgets on the modelled machine
+(:mod:`offsim.iteration_bound`: the least bytes over each shared resource at its peak rate, and
+the compute; not a prediction: it assumes perfect overlap), ``iteration_time_bound_binding`` its
+largest term, ``iteration_time_above_bound_s`` the row's distance to it (>= 0): at most what any
+eviction rule could still gain.
 
 Curves: :func:`policy_variants` takes lists of GPU parameter budgets and DRAM cache sizes; a row
 per policy and size, with ``cache_gib`` and ``dram_cache_gib`` (the budgets as run, GiB).
@@ -57,6 +65,7 @@ from offsim.config.workload import Workload
 from offsim.errors import ConfigError, PolicyError
 from offsim.iteration_bound import iteration_lower_bound
 from offsim.metrics import steady_iterations
+from offsim.policies.bounds import EXACT_RTOL
 from offsim.results import RunResult
 from offsim.simulation import simulate
 
@@ -151,9 +160,11 @@ def param_link_bytes(result: RunResult) -> tuple[float, dict[int, float]]:
     return sum(moved.values()) / len(steady), factor
 
 
-def cache_link_bytes(result: RunResult) -> dict[str, tuple[float, float, float, bool]]:
+def cache_link_bytes(result: RunResult) -> dict[str, tuple[float, float, float, bool, str]]:
     """Per cache: bytes per iteration the policy moved for it over all links, the lower and upper
-    bound on them (any policy, same budget and sequence), and whether the bound is exact.
+    bound on them (any policy, same budget and sequence), whether the bound is exact, and how it
+    was computed (``foo-flow``: one min-cost flow; ``pfoo``: flows over segments, for long
+    sequences, :mod:`offsim.policies.bounds`).
 
     A DRAM-cache miss reads the sub-group's state and a write-back writes it, one byte per byte
     (``offsim.engine.optimizer_cache``); a GPU-buffer miss moves what the spans show."""
@@ -166,7 +177,7 @@ def cache_link_bytes(result: RunResult) -> dict[str, tuple[float, float, float, 
         else:
             moved = c.bytes_fetched + c.bytes_written_back
             b = cache_bound(result.recorder, name, steady)
-        out[name] = (moved, b.lower_bytes, b.upper_bytes, b.exact)
+        out[name] = (moved, b.lower_bytes, b.upper_bytes, b.exact, str(b.method))
     return out
 
 
@@ -185,9 +196,10 @@ def _bound_columns(result: RunResult) -> dict[str, Any]:
     total = _total_bytes(result)
     row: dict[str, Any] = {"total_bytes": total}
     outside, lower, upper, exact = total, 0.0, 0.0, True
-    for name, (moved, lo, up, ex) in cache_link_bytes(result).items():
+    for name, (moved, lo, up, ex, method) in cache_link_bytes(result).items():
         row.update({f"{name}_bytes": moved, f"lower_bound_{name}_bytes": lo, f"upper_bound_{name}_bytes": up,
-                    f"regret_{name}_bytes": _regret(moved, lo), f"bound_exact_{name}": ex})
+                    f"regret_{name}_bytes": _regret(moved, lo), f"bound_exact_{name}": ex,
+                    f"bound_method_{name}": method})
         outside, lower, upper, exact = outside - moved, lower + lo, upper + up, exact and ex
     row.update({"lower_bound_bytes": outside + lower, "upper_bound_bytes": outside + upper,
                 "regret_bytes": _regret(total, outside + lower), "bound_exact": exact})
@@ -250,7 +262,32 @@ def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
             results.append(result)
         if on_variant is not None:
             on_variant(label)
-    return pd.DataFrame(rows), results
+    return tighten_upper_bounds(pd.DataFrame(rows)), results
+
+
+def tighten_upper_bounds(table: pd.DataFrame) -> pd.DataFrame:
+    """The runs are schedules too: per cache, among rows of one strategy and budgets that bound
+    the same sequence (equal lower bounds), the upper bound is at most the fewest bytes a row
+    moved for that cache (the engine keeps the same budget, with prefetch only taking room).
+    ``bound_exact`` and the totals follow."""
+    if table.empty or "upper_bound_bytes" not in table:
+        return table
+    table = table.copy()
+    caches = [c[len("upper_bound_"):-len("_bytes")] for c in table
+              if c.startswith("upper_bound_") and c != "upper_bound_bytes"]
+    exact = pd.Series(True, index=table.index)
+    for name in caches:
+        lo, up, moved = table[f"lower_bound_{name}_bytes"], table[f"upper_bound_{name}_bytes"], table[f"{name}_bytes"]
+        key = [table["strategy"], table["cache_gib"].fillna(-1), table["dram_cache_gib"].fillna(-1), (lo / 1e3).round()]
+        best = moved.groupby(key, dropna=False).transform("min")
+        tighter = up.where(~(best < up), best)
+        table["upper_bound_bytes"] += (tighter - up).fillna(0.0)
+        table[f"upper_bound_{name}_bytes"] = tighter
+        met = (tighter - lo) <= EXACT_RTOL * tighter.clip(lower=1.0)
+        table[f"bound_exact_{name}"] = met.where(lo.notna(), table[f"bound_exact_{name}"])
+        exact &= met | lo.isna()
+    table["bound_exact"] = exact.where(table["lower_bound_bytes"].notna(), table["bound_exact"])
+    return table
 
 
 def policy_variants(base: Strategy, policies: str,

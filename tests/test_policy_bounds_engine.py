@@ -149,3 +149,22 @@ def test_anomalies_are_reported() -> None:
                           "iteration_time_s": 1.0, "cache_gib": [2.0, 4.0, 2.0, 4.0],
                           "dram_cache_gib": None, "total_bytes": [9e9, 10e9, 10e9, 8e9]})
     assert anomalies(table) == ["fifo: 1 GB more per iteration at 4 GiB than at 2 GiB"]
+
+
+def test_a_run_that_meets_the_lower_bound_makes_it_exact() -> None:
+    """A hand-made table: the constructed schedules give 12 GB for the cache, the lower bound is
+    10 GB, and `mru` moved 10 GB for it. The run is a schedule within the same budget, so the
+    upper bound drops to 10 GB and the bound is exact, for `lru`'s row too (same sequence: same
+    lower bound). A row of another budget is left alone."""
+    from offsim.compare import tighten_upper_bounds
+
+    table = pd.DataFrame({"variant": ["lru", "mru", "lru"], "strategy": "s", "feasible": True,
+                          "cache_gib": [4.0, 4.0, 8.0], "dram_cache_gib": None,
+                          "c_bytes": [11e9, 10e9, 9e9], "lower_bound_c_bytes": [10e9, 10e9, 8e9],
+                          "upper_bound_c_bytes": [12e9, 12e9, 12e9], "bound_exact_c": False,
+                          "total_bytes": [21e9, 20e9, 19e9], "lower_bound_bytes": [20e9, 20e9, 18e9],
+                          "upper_bound_bytes": [22e9, 22e9, 22e9], "bound_exact": False})
+    out = tighten_upper_bounds(table)
+    assert list(out["upper_bound_c_bytes"]) == [10e9, 10e9, 9e9]
+    assert list(out["upper_bound_bytes"]) == [20e9, 20e9, 19e9]
+    assert list(out["bound_exact"]) == [True, True, False]
