@@ -1,0 +1,266 @@
+"""The simulation-speed table of issue 16, each figure a ratio to a baseline measured in the same run.
+
+    python benchmarks/speed_table.py                    # every row (a few minutes on 2 cores)
+    python benchmarks/speed_table.py --quick            # fewer repeats, a smaller sweep, no Dask
+    python benchmarks/speed_table.py --old-rev 942cf07  # and a column for the old SimPy engine
+
+Rows, with their baselines:
+
+* the whole ``offsim run`` process (Llama-2 7B, zero-offload, the CLI's defaults) against
+  ``python -c "import numpy, pydantic, simpy, yaml"``;
+* one GPT-3 175B zero-infinity-nvme iteration on dgx2-v100 (in-process, the mean of a 3-iteration
+  run) against a raw SimPy loop of 100,000 timeouts, and the engine's events/s against the loop's;
+* 50 iterations against 3 of the same 175B case;
+* gradient accumulation of Llama-2 7B (zero-offload, rtx4090-pcie4-ws, 2 iterations, 1 warm-up)
+  at ``--accumulation`` micro-batches (default 1,000; the issue's 10,000 takes minutes per run on a
+  2-core machine), its wall time against the SimPy loop and its peak resident memory;
+* sweep points/s of a 7B grid (``sweep_throughput.py``'s) on 2 local workers, and Dask's rate on a
+  2-worker LocalCluster against the process pool's.
+
+Every in-process figure is taken in a fresh interpreter (so resident memory is the case's own),
+which also measures its own SimPy loop. ``--old-rev`` runs the same probes on a ``git archive`` of
+that revision with ``OFFSIM_ENGINE=simpy`` (the engine that preceded the schedule executor; it was
+deleted after that revision). Prints figures only; nothing here asserts a timing.
+"""
+
+# ruff: noqa: T201 - a benchmark prints its figures
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BIG = ("dgx2-v100", "gpt3-175b", "zero-infinity-nvme")
+SMALL = ("rtx4090-pcie4-ws", "llama2-7b", "zero-offload")
+LOOP_EVENTS = 100_000
+
+
+def simpy_loop_s(events: int = LOOP_EVENTS, repeats: int = 5) -> float:
+    """Best wall time (s) of a bare SimPy process yielding ``events`` timeouts."""
+    import simpy
+
+    best = float("inf")
+    for _ in range(repeats):
+        env = simpy.Environment()
+
+        def ticker(env: simpy.Environment = env) -> Any:
+            for _ in range(events):
+                yield env.timeout(1.0)
+
+        env.process(ticker())
+        t0 = time.perf_counter()
+        env.run()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _simulate_best(case: tuple[str, str, str], repeats: int, **kwargs: Any) -> tuple[float, Any]:
+    """Best wall time (s) of ``simulate`` on ``case`` and the last result."""
+    from offsim import make_run_config, simulate
+
+    cfg = make_run_config(*case, **kwargs)
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = simulate(cfg)
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def probe_engine(repeats: int) -> dict[str, float]:
+    """One 175B iteration and the event rate, with this interpreter's SimPy loop."""
+    loop = simpy_loop_s()
+    wall, result = _simulate_best(BIG, repeats, iterations=3)
+    return {"loop_s": loop, "iteration_s": wall / 3, "events": result.events,
+            "events_per_s": result.events / wall, "loop_events_per_s": LOOP_EVENTS / loop}
+
+
+def probe_iterations(repeats: int) -> dict[str, float]:
+    """The 175B case at 3 and at 50 iterations (s)."""
+    three, _ = _simulate_best(BIG, repeats, iterations=3)
+    fifty, _ = _simulate_best(BIG, 1, iterations=50)
+    return {"three_s": three, "fifty_s": fifty}
+
+
+def probe_accumulation(micro_batches: int) -> dict[str, float]:
+    """Llama-2 7B with ``micro_batches`` per step: wall time (s) and peak resident bytes."""
+    from offsim import load_workload, make_run_config, simulate
+
+    loop = simpy_loop_s()
+    wl = load_workload(SMALL[1])
+    wl = wl.model_copy(update={"training": wl.training.model_copy(update={"grad_accumulation": micro_batches})})
+    cfg = make_run_config(SMALL[0], wl, SMALL[2], iterations=2, warmup_iterations=1)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    result = simulate(cfg)
+    wall = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return {"loop_s": loop, "wall_s": wall, "events": result.events, "peak_rss_bytes": rss,
+            "rss_before_bytes": rss_before, "feasible": float(result.feasible)}
+
+
+PROBES = {"engine": probe_engine, "iterations": probe_iterations, "accumulation": probe_accumulation}
+
+
+def run_probe(name: str, arg: int, tree: Path | None) -> dict[str, float]:
+    """Run one probe in a fresh interpreter; ``tree``: an old revision's files, old engine."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+        env["OFFSIM_ENGINE"] = "simpy"
+    else:
+        env.pop("OFFSIM_ENGINE", None)
+    out = subprocess.run([sys.executable, __file__, "--probe", name, str(arg)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def process_s(argv: list[str], repeats: int, env: dict[str, str] | None = None) -> float:
+    """Best wall time (s) of a whole Python process."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, *argv], check=False, env=env, capture_output=True)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def process_row(repeats: int, tree: Path | None) -> dict[str, float]:
+    """``offsim run`` (the CLI's defaults) against the bare imports, interleaved, best of each."""
+    env = dict(os.environ, PYTHONPATH=str(tree), OFFSIM_ENGINE="simpy") if tree is not None else None
+    base, run = float("inf"), float("inf")
+    for _ in range(repeats):
+        base = min(base, process_s(["-c", "import numpy, pydantic, simpy, yaml"], 1))
+        run = min(run, process_s(["-c", "from offsim.cli import app; app()", "run", "--quiet"], 1, env))
+    return {"base_s": base, "run_s": run}
+
+
+def sweep_row(points: int, dask: bool) -> dict[str, float]:
+    """Points/s of the 7B sweep on 2 local workers and (``dask``) on a 2-worker LocalCluster."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sweep_throughput import build
+
+    from offsim.sweep.execute import run_sweep
+
+    plan = build(points, SMALL[0], SMALL[1])
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        res = run_sweep(plan, out, workers=2)
+        pool = res.new / (time.perf_counter() - t0)
+    row = {"points": float(points), "pool_points_per_s": pool}
+    if dask:
+        from distributed import Client, LocalCluster
+
+        with (LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cl,
+              Client(cl) as client, tempfile.TemporaryDirectory() as out):
+            t0 = time.perf_counter()
+            res = run_sweep(plan, out, scheduler=client)
+            row["dask_points_per_s"] = res.new / (time.perf_counter() - t0)
+    return row
+
+
+def old_tree(rev: str, into: Path) -> Path:
+    """The package and data folders of ``rev`` (``git archive``) under ``into``."""
+    names = ["offsim", "hardware_profiles", "workloads", "strategies"]
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, *names], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def _ratio(x: float, base: float) -> str:
+    return f"{x / base:.2f}x"
+
+
+def print_table(now: dict[str, dict[str, float]], old: dict[str, dict[str, float]] | None,
+                accumulation: int) -> None:
+    """The issue's table: each figure, its baseline and the ratio, old engine beside."""
+    rows = table_rows(now, accumulation)
+    old_rows = table_rows(old, accumulation) if old else None
+    head = f"{'figure':58} {'executor':>30} {'target':>10}"
+    print(head + (f" {'old engine':>30}" if old_rows else ""))
+    for i, (name, value, target) in enumerate(rows):
+        line = f"{name:58} {value:>30} {target:>10}"
+        if old_rows:
+            line += f" {old_rows[i][1]:>30}"
+        print(line)
+
+
+def table_rows(m: dict[str, dict[str, float]], accumulation: int) -> list[tuple[str, str, str]]:
+    """(figure, measured value with its ratio, target) per row of the issue's table."""
+    p, e, it, ac = m["process"], m["engine"], m["iterations"], m["accumulation"]
+    rows = [
+        ("whole `offsim run` process / bare imports",
+         f"{p['run_s']:.2f} s / {p['base_s']:.2f} s = {_ratio(p['run_s'], p['base_s'])}", "<= 1.5x"),
+        ("one 175B zero-infinity-nvme iteration / 100k SimPy loop",
+         f"{e['iteration_s']:.3f} s / {e['loop_s']:.3f} s = {_ratio(e['iteration_s'], e['loop_s'])}", "<= 0.3x"),
+        ("engine events/s / SimPy loop events/s",
+         f"{e['events_per_s'] / 1e3:.0f}k / {e['loop_events_per_s'] / 1e3:.0f}k = "
+         f"{e['events_per_s'] / e['loop_events_per_s']:.2f}", ">= 0.30"),
+        ("175B, 50 iterations / 3 iterations",
+         f"{it['fifty_s']:.2f} s / {it['three_s']:.2f} s = {_ratio(it['fifty_s'], it['three_s'])}", "<= 1.3x"),
+        (f"7B, {accumulation:,} micro-batches / SimPy loop",
+         f"{ac['wall_s']:.2f} s / {ac['loop_s']:.3f} s = {_ratio(ac['wall_s'], ac['loop_s'])}", ""),
+        (f"7B, {accumulation:,} micro-batches, peak RSS (before run)",
+         f"{ac['peak_rss_bytes'] / 2**20:.0f} MiB ({ac['rss_before_bytes'] / 2**20:.0f} MiB)", "<= 500 MB*"),
+    ]
+    s = m.get("sweep")
+    if s:
+        rows.append((f"sweep, {int(s['points']):,} points, 2-worker pool: points/s",
+                     f"{s['pool_points_per_s']:.1f} (10k in {1e4 / s['pool_points_per_s']:.0f} s)", "10k <= 60 s"))
+        if "dask_points_per_s" in s:
+            rows.append(("sweep, Dask LocalCluster / process pool",
+                         f"{s['dask_points_per_s']:.1f} / {s['pool_points_per_s']:.1f} = "
+                         f"{s['dask_points_per_s'] / s['pool_points_per_s']:.2f}", ">= 0.77"))
+    return rows
+
+
+def measure(args: argparse.Namespace, tree: Path | None) -> dict[str, dict[str, float]]:
+    """Every row's figures, for the working tree or (``tree``) an old revision."""
+    repeats = 2 if args.quick else 5
+    return {
+        "process": process_row(repeats, tree),
+        "engine": run_probe("engine", repeats, tree),
+        "iterations": run_probe("iterations", 1 if args.quick else 3, tree),
+        "accumulation": run_probe("accumulation", args.accumulation, tree),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, a 200-point sweep, no Dask")
+    ap.add_argument("--old-rev", help="also measure this revision with OFFSIM_ENGINE=simpy")
+    ap.add_argument("--accumulation", type=int, default=1000, help="micro-batches per step (default 1,000)")
+    ap.add_argument("--sweep-points", type=int, default=1000)
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--probe", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.probe:
+        print(json.dumps(PROBES[args.probe[0]](int(args.probe[1]))))
+        return
+    print(f"offsim speed table: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}; best of {'2' if args.quick else '5'} unless noted")
+    now = measure(args, None)
+    old = None
+    if args.old_rev:
+        with tempfile.TemporaryDirectory() as tmp:
+            old = measure(args, old_tree(args.old_rev, Path(tmp)))
+    if not args.no_sweep:
+        now["sweep"] = sweep_row(200 if args.quick else args.sweep_points, dask=not args.quick)
+    print_table(now, old, args.accumulation)
+    print("* the issue's memory target is for 10,000 micro-batches; this row is at the size above.")
+    print(json.dumps({"executor": now, "old": old}), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
