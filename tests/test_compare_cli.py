@@ -39,13 +39,18 @@ def test_compare_writes_table_csv_and_chart(tmp_path) -> None:
     for col in ("iteration_time_s", "stall_s", "h2d_bytes", "nvme_read_bytes", "hit_rate_gpu_params",
                 "hit_rate_dram_optimizer", "peak_gpu_bytes", "peak_host_bytes", "total_bytes",
                 "lower_bound_bytes", "upper_bound_bytes", "regret_bytes", "bound_exact", "cache_gib",
-                "dram_cache_gib", "lower_bound_gpu_params_bytes", "regret_dram_optimizer_bytes"):
+                "dram_cache_gib", "lower_bound_gpu_params_bytes", "regret_dram_optimizer_bytes",
+                "bound_method_gpu_params", "iteration_time_lower_bound_s", "iteration_time_bound_binding",
+                "iteration_time_above_bound_s"):
         assert col in table
+    assert (table["iteration_time_above_bound_s"] >= 0).all()
+    assert "no policy can take less than" in result.output.splitlines()[0]
     assert (table["regret_bytes"] >= 0).all()
     assert (table["total_bytes"] >= table["lower_bound_bytes"]).all()
     assert (table["regret_bytes"] == table["total_bytes"] - table["lower_bound_bytes"]).all()
     text = html.read_text()
     assert "plotly" in text.lower() and "lower bound (any policy)" in text
+    assert "time lower bound (any eviction policy)" in text
 
 
 def test_curves_over_cache_size(tmp_path) -> None:
@@ -65,6 +70,7 @@ def test_curves_over_cache_size(tmp_path) -> None:
     assert bound.is_monotonic_decreasing
     text = html.read_text()
     assert "GPU parameter buffer (GiB)" in text and '"name":"fifo"' in text and "lower bound (any policy)" in text
+    assert "time lower bound (any eviction policy)" in text
     assert "With the GPU parameter buffer at 0.05 GiB" in result.output
 
 

@@ -30,6 +30,9 @@ def compare_figure(table: pd.DataFrame, title: str) -> go.Figure:
     x = ok["variant"]
     fig.add_bar(x=x, y=ok["iteration_time_s"], name="iteration", row=1, col=1, marker_color="#1f77b4")
     fig.add_bar(x=x, y=ok["stall_s"], name="GPU stalled on data", row=1, col=1, marker_color="#d62728")
+    if "iteration_time_lower_bound_s" in ok:
+        fig.add_scatter(x=x, y=ok["iteration_time_lower_bound_s"], mode="lines+markers", name=TIME_BOUND_LABEL,
+                        line={"color": "black", "dash": "dash"}, row=1, col=1)
     for col, label in LINK_COLUMNS.items():
         if col in ok:
             fig.add_bar(x=x, y=ok[col] / 1e9, name=label, row=1, col=2)
@@ -50,6 +53,8 @@ def compare_figure(table: pd.DataFrame, title: str) -> go.Figure:
 
 
 BOUND_LABELS = ("lower bound (any policy)", "best schedule found (upper bound)")
+#: The lower bound on the iteration time (offsim.iteration_bound).
+TIME_BOUND_LABEL = "time lower bound (any eviction policy)"
 SIZE_LABELS = {"cache_gib": "GPU parameter buffer (GiB)", "dram_cache_gib": "DRAM optimizer cache (GiB)"}
 
 
@@ -86,6 +91,13 @@ def curve_figure(table: pd.DataFrame, column: str, title: str) -> go.Figure:
             suffix = f" ({key:.3g})" if split else ""
             fig.add_scatter(x=part[column], y=part[col] / 1e9, mode="lines", name=label + suffix, line=style,
                             row=1, col=1)
+    if "iteration_time_lower_bound_s" in table:
+        times = groups["iteration_time_lower_bound_s"].min().reset_index()
+        for key, part in (times.groupby(other, dropna=False) if split else [(None, times)]):
+            suffix = f" ({key:.3g})" if split else ""
+            fig.add_scatter(x=part[column], y=part["iteration_time_lower_bound_s"], mode="lines",
+                            name=TIME_BOUND_LABEL + suffix, line={"color": "black", "dash": "dash", "width": 3},
+                            row=2, col=1)
     fig.update_xaxes(title_text=SIZE_LABELS[column], type="log", row=2, col=1)
     fig.update_xaxes(type="log", row=1, col=1)
     fig.update_layout(title=title, height=800, legend={"orientation": "h", "y": -0.15})
