@@ -188,16 +188,19 @@ def least_cache_cost(result: RunResult, cache: str, read_cost: Mapping[int, floa
     return total / len(steady)
 
 
-def _cache_term(result: RunResult, seconds_per_byte: float, weights: dict[str, float]) -> float:
+CacheLinks = tuple[dict[str, float], dict[str, dict[int, float]], dict[str, float]]
+
+
+def _cache_term(result: RunResult, seconds_per_byte: float, weights: dict[str, float],
+                caches: dict[str, CacheLinks]) -> float:
     """Seconds one resource is busy at least: bytes outside the caches as moved, plus the
-    caches' least bytes on it, in equivalent bytes over its rate."""
+    caches' least bytes on it, in equivalent bytes over its rate. ``caches``: per cache, the
+    bytes it moved per link, and the bytes per byte of a miss and of a write-back per link."""
     traffic = result.metrics.traffic_bytes.model_dump()
     outside = sum(w * traffic.get(link, 0.0) for link, w in weights.items())
     least = 0.0
-    for cache in result.metrics.cache:
-        moved = cache_bytes_per_link(result, cache)
+    for cache, (moved, read, write) in caches.items():
         outside -= sum(w * moved.get(link, 0.0) for link, w in weights.items())
-        read, write = cache_link_factors(result, cache)
         tensors = {t for per in read.values() for t in per}
         read_cost = {t: sum(w * read.get(link, {}).get(t, 0.0) for link, w in weights.items()) for t in tensors}
         write_cost = sum(w * write.get(link, 0.0) for link, w in weights.items())
@@ -211,7 +214,9 @@ def iteration_lower_bound(result: RunResult) -> IterationBound:
     eviction policy runs (module docstring)."""
     placement = time_lower_bound(result.config)
     terms = dict(placement.terms_s)
+    caches = {cache: (cache_bytes_per_link(result, cache), *cache_link_factors(result, cache))
+              for cache in result.metrics.cache}
     for name, (seconds_per_byte, weights) in _resources(result).items():
-        terms[name] = max(terms.get(name, 0.0), _cache_term(result, seconds_per_byte, weights))
+        terms[name] = max(terms.get(name, 0.0), _cache_term(result, seconds_per_byte, weights, caches))
     binding = max(terms, key=lambda k: terms[k])
     return IterationBound(terms[binding], binding, terms)
