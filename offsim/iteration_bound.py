@@ -45,9 +45,8 @@ from functools import lru_cache
 from offsim.cache_stats import access_sequence
 from offsim.plan.footprint import state_sizes
 from offsim.plan.time_bound import time_lower_bound
+from offsim.policies import bounds
 from offsim.policies.bounds import (
-    MAX_FLOW_INTERVALS,
-    SEGMENT_POINTS,
     average_lower_bound,
     build_problem,
     flow_lower_bound,
@@ -159,9 +158,9 @@ def _window_lower(sequence: tuple[int, ...], sizes: Pairs, capacity_bytes: float
                   warm_start: bool) -> float:
     """The least cost of one window (flow; PFOO's lower side when the flow would be slow)."""
     problem = build_problem(list(sequence), dict(sizes), capacity_bytes, dict(read), dict(write), warm_start)
-    if len(problem.intervals) <= MAX_FLOW_INTERVALS:
+    if len(problem.intervals) <= bounds.MAX_FLOW_INTERVALS:
         return flow_lower_bound(problem)[0]
-    return max(average_lower_bound(problem), split_lower_bound(problem, SEGMENT_POINTS))
+    return max(average_lower_bound(problem), split_lower_bound(problem, bounds.SEGMENT_POINTS))
 
 
 def least_cache_cost(result: RunResult, cache: str, read_cost: Mapping[int, float], write_cost: float) -> float:

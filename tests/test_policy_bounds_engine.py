@@ -168,3 +168,27 @@ def test_a_run_that_meets_the_lower_bound_makes_it_exact() -> None:
     assert list(out["upper_bound_c_bytes"]) == [10e9, 10e9, 9e9]
     assert list(out["upper_bound_bytes"]) == [20e9, 20e9, 19e9]
     assert list(out["bound_exact"]) == [True, True, False]
+
+
+@pytest.mark.parametrize("strategy", ["zero-infinity-nvme", "zero-infinity-cpu"])
+def test_pfoo_forced_on_shipped_strategies_no_policy_below_it(strategy: str, monkeypatch) -> None:
+    """PFOO as long sequences get it (segments of 16 accesses, so intervals cross them), forced
+    on every sequence of shipped strategies: no policy moves fewer bytes than its lower bound or
+    runs below the time bound built on it, and the rows say ``pfoo``."""
+    from offsim.cache_stats import _bound
+    from offsim.iteration_bound import _window_lower
+    from offsim.policies import bounds
+
+    monkeypatch.setattr(bounds, "MAX_FLOW_INTERVALS", -1)
+    monkeypatch.setattr(bounds, "SEGMENT_POINTS", 16)
+    _bound.cache_clear()
+    _window_lower.cache_clear()
+    try:
+        variants = policy_variants(load_strategy(strategy), ",".join(CACHING), [4.0, "auto"], [None, 24.0])
+        table, _ = run_variants("rtx4090-pcie4-ws", "llama2-7b", variants)
+    finally:
+        _bound.cache_clear()
+        _window_lower.cache_clear()
+    ok = table[table["feasible"].astype(bool)]
+    assert (ok[f"bound_method_{GPU_PARAMS}"] == "pfoo").all()
+    _check_bounds(table)

@@ -414,13 +414,17 @@ def segmented_schedule(problem: Problem, segment_points: int = SEGMENT_POINTS) -
 
 # ---------------------------------------------------------------- both bounds
 def bound(problem: Problem, schedules: Iterable[Iterable[int]] = (),
-          max_flow_intervals: int = MAX_FLOW_INTERVALS, segment_points: int = SEGMENT_POINTS) -> CacheBound:
+          max_flow_intervals: int | None = None, segment_points: int | None = None) -> CacheBound:
     """Lower and upper bound for ``problem``; ``schedules`` (kept intervals of schedules built
     elsewhere, e.g. a policy's replay) compete for the upper bound.
 
-    Up to ``max_flow_intervals`` intervals: FOO (the flow, and its rounding). Above: PFOO, the
-    larger of the time-averaged bound (PFOO-L) and the segments' flows
-    (:func:`split_lower_bound`) from below, PFOO-U (:func:`segmented_schedule`) from above."""
+    Up to ``max_flow_intervals`` intervals (default :data:`MAX_FLOW_INTERVALS`, read at call
+    time): FOO (the flow, and its rounding). Above: PFOO, the larger of the time-averaged bound
+    (PFOO-L) and the flows over segments of ``segment_points`` points (default
+    :data:`SEGMENT_POINTS`; :func:`split_lower_bound`) from below, PFOO-U
+    (:func:`segmented_schedule`) from above."""
+    max_flow_intervals = MAX_FLOW_INTERVALS if max_flow_intervals is None else max_flow_intervals
+    segment_points = SEGMENT_POINTS if segment_points is None else segment_points
     t0 = time.perf_counter()
     candidates = [list(s) for s in schedules]
     candidates.append(round_schedule(problem, [iv.drop_bytes / (iv.size_bytes * iv.points)
