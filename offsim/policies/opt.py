@@ -1,4 +1,8 @@
-"""OPT: the offline optimum in bytes fetched, and a policy that follows it.
+"""``opt``: an offline plan for bytes fetched, and a policy that follows it.
+
+It is the optimum for fetch on demand only when its search is complete (``exact``); otherwise it
+is a heuristic. It is never the yardstick: ``offsim compare`` scores every policy, this one
+included, against the bounds of :mod:`offsim.policies.bounds`.
 
 Belady's rule (evict the tensor used furthest ahead, :mod:`offsim.policies.belady`) minimises
 misses when all tensors have one size; with several sizes it can fetch more bytes than another
