@@ -46,3 +46,19 @@ def test_the_bound_is_never_weaker_than_the_placements() -> None:
     for name, seconds in placement.terms_s.items():
         assert b.terms_s[name] >= seconds
     assert b.seconds >= placement.seconds
+
+
+@pytest.mark.parametrize(("hardware", "workload"), [("dgx2-v100", "gpt3-13b"), ("a100-azure-4nvme", "llama2-13b"),
+                                                    ("a6000-ws", "llama2-7b")])
+@pytest.mark.parametrize("strategy", ["zero-infinity-nvme", "zero-infinity-cpu"])
+def test_several_gpus_never_run_below_the_bound(hardware: str, workload: str, strategy: str) -> None:
+    """Several GPUs per node: bytes are per rank, and the ranks of a node share its NVMe array.
+    No row runs below the bound, and the bound is the same for every policy of one budget."""
+    variants = policy_variants(load_strategy(strategy), "lru,mru,belady", [4.0, "auto"], [None, 24.0])
+    table, _ = run_variants(hardware, workload, variants)
+    ok = table[table["feasible"].astype(bool)]
+    assert not ok.empty
+    assert (ok["iteration_time_s"] >= ok["iteration_time_lower_bound_s"]).all()
+    for _, part in ok.groupby(["cache_gib", "dram_cache_gib"], dropna=False):
+        bound_s = part["iteration_time_lower_bound_s"]
+        assert bound_s.max() - bound_s.min() <= 1e-9 * bound_s.max()
