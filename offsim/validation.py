@@ -17,8 +17,8 @@ from pydantic import Field
 from offsim.config.base import Frozen
 from offsim.config.loading import load_profile, load_strategy, load_workload, read_yaml, validate_data
 from offsim.config.run import make_run_config
-from offsim.simulation import simulate
 from offsim.errors import ConfigError
+from offsim.simulation import simulate
 
 
 class ValidationCase(Frozen):

@@ -27,7 +27,6 @@ The sweep's pre-filter (:mod:`offsim.sweep.prefilter`), ProTrain's knob search
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from offsim.config.run import RunConfig
