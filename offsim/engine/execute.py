@@ -18,7 +18,7 @@ levels and cache events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import simpy
@@ -36,7 +36,6 @@ from offsim.schedule.ops import (
     Acquire,
     Alloc,
     Block,
-    ChoiceSpec,
     Choose,
     Delay,
     Done,
@@ -102,7 +101,6 @@ class Executor:
                  choices: dict[ChoiceId, ChoicePolicy] | None = None) -> None:
         self.schedule, self.rec, self.on_iteration = schedule, recorder, on_iteration
         self.choice_policies = choices or {}
-        self._programs: dict[tuple[ChoiceId, Hashable, Hashable], Block] = {}
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, machine.capacity, duplex_rule(machine.duplex_efficiency), self._flow_done)
         self.memory = Memory(lambda: self.env.now, machine.memory_bytes, machine.ranks_per_node, machine.nodes,
@@ -256,7 +254,7 @@ class Executor:
         assert spec is not None, f"no spec for choice {body.choice}"
         policy = self.choice_policies.get(body.choice)
         option = spec.default if policy is None else policy.choose(node.iteration, self.memory.gpu_free_bytes())
-        nodes, end = self._run_program(self._choice_program(spec, body.variant, option), node, [], {})
+        nodes, end = self._run_program(spec.program(body.variant, option), node, [], {})
         last = next((n for n in reversed(nodes) if n.op.stream == node.op.stream), None)
         if policy is not None and last is not None:
             start_s = self.env.now
@@ -265,13 +263,6 @@ class Executor:
             else:
                 last.waiters.append(lambda: policy.observe(option, self.env.now - start_s))
         self._wait_all(node, [end], lambda: self._finish(node))
-
-    def _choice_program(self, spec: ChoiceSpec, variant: Hashable, option: Hashable) -> Block:
-        key = (spec.id, variant, option)
-        block = self._programs.get(key)
-        if block is None:
-            block = self._programs[key] = spec.program(variant, option)
-        return block
 
     # ------------------------------------------------------------ start and finish
     def _start(self, node: Node) -> None:
