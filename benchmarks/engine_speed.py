@@ -11,7 +11,7 @@ import statistics
 import time
 
 from offsim import make_run_config, simulate
-from offsim.plan import swap_amount
+from offsim.search import swap_amount
 
 CASES = [
     ("dgx2-v100", "gpt3-175b", "zero-infinity-nvme"),

@@ -7,11 +7,11 @@ Typical use::
     print(result.metrics.iteration_time_s)
 """
 
+from offsim.api import simulate
 from offsim.config.loading import load_profile, load_strategy, load_workload
 from offsim.config.run import RunConfig, make_run_config
 from offsim.core._version import __version__
 from offsim.results import RunResult
-from offsim.simulation import simulate
 
 __all__ = [
     "RunConfig",

@@ -57,6 +57,7 @@ from typing import Any
 
 import pandas as pd
 
+from offsim.api import simulate
 from offsim.cache_stats import cache_bound
 from offsim.config.hardware import HardwareProfile
 from offsim.config.run import make_run_config
@@ -67,7 +68,6 @@ from offsim.iteration_bound import iteration_lower_bound
 from offsim.metrics import steady_iterations
 from offsim.policies.bounds import EXACT_RTOL
 from offsim.results import RunResult
-from offsim.simulation import simulate
 
 CACHING = ("lru", "fifo", "mru", "lfu", "belady", "belady-size", "opt")
 ACTIVATIONS = ("keep", "recompute", "offload-cpu", "offload-nvme")

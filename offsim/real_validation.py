@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from offsim.api import simulate
 from offsim.config.base import Provenance
 from offsim.config.hardware import HardwareProfile
 from offsim.config.run import make_run_config
 from offsim.config.strategy import Placement, Strategy
 from offsim.config.workload import Workload
 from offsim.results import RunResult
-from offsim.simulation import simulate
 
 PHASES = ("forward", "backward", "optimizer")
 TARGET_ERROR = 0.10  # issue 4: iteration time within 10%

@@ -1,4 +1,4 @@
-"""simulate(): size the state, check the fit, compile the schedule, execute it, summarise.
+"""simulate_resolved(): size the state, check the fit, compile the schedule, execute it, summarise.
 
 The one place where a run configuration meets the engine: the system compiles the
 configuration into a :class:`~offsim.schedule.ops.Schedule`, the run-time policies come from
@@ -46,9 +46,11 @@ def run_schedule(cfg: RunConfig, sz: StateSizes,
     return rec, executor.memory.peak_bytes, events
 
 
-def simulate(cfg: RunConfig, on_iteration: Callable[[int, int], None] | None = None) -> RunResult:
-    """Simulate ``cfg``. A configuration that does not fit returns ``feasible=False`` with the
-    tier, the need and the capacity in ``infeasible_reason``; it is never silently simulated.
+def simulate_resolved(cfg: RunConfig, on_iteration: Callable[[int, int], None] | None = None) -> RunResult:
+    """Simulate ``cfg``, whose searched values are already chosen (:func:`offsim.api.resolve`;
+    :func:`offsim.api.simulate` does both). A configuration that does not fit returns
+    ``feasible=False`` with the tier, the need and the capacity in ``infeasible_reason``; it is
+    never silently simulated.
 
     ``on_iteration(done, total)`` reports progress as iterations finish."""
     t0 = time.perf_counter()

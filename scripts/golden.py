@@ -66,7 +66,7 @@ def record(hardware: str, workload: str, strategy: str) -> dict[str, Any]:
         "footprint_need_bytes": result.footprint_bytes.get("need", {}),
     }
     try:
-        bound = time_lower_bound(cfg)
+        bound = time_lower_bound(result.config)  # the resolved configuration
         rec["time_bound"] = {"seconds": bound.seconds, "binding": bound.binding, "terms_s": bound.terms_s}
     except Exception as exc:
         rec["time_bound"] = {"error": f"{type(exc).__name__}: {exc}"}

@@ -19,7 +19,7 @@ from offsim.compare import (
 )
 from offsim.config.loading import load_profile, load_strategy, load_workload
 from offsim.config.run import RunConfig
-from offsim.simulation import simulate
+from offsim.api import simulate
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ISSUE_POLICIES = "lru,fifo,mru,lfu,belady,belady-size"

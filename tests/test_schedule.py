@@ -11,13 +11,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from offsim import load_workload, make_run_config
+from offsim import RunConfig, load_workload, make_run_config
+from offsim.api import resolve
 from offsim.cli import app
 from offsim.config.loading import shipped_files
 from offsim.core.enums import Activity, CacheId, OpKind, TensorKind, Tier
 from offsim.schedule.analysis import accesses, check_acyclic, check_allocations, op_instances
 from offsim.schedule.ops import Alloc, Block, Flow, Schedule
 from offsim.systems.generic import compile_generic
+
+
+def _compile(cfg: RunConfig) -> Schedule:
+    """The schedule of ``cfg`` with its searched values chosen (auto-swap's amount)."""
+    return compile_generic(resolve(cfg))
+
 
 STRATEGIES = sorted(shipped_files("strategy"))
 
@@ -36,7 +43,7 @@ def test_zero3_offload_layer_forward_and_backward_by_hand() -> None:
     each layer's forward issues its parameters' demand, waits for them, holds its activations,
     runs the kernel and ends its use of the parameters; its backward also sends the gradient
     down through one of two GPU gradient buffers and accumulates it on the host."""
-    sc = compile_generic(make_run_config("tiny", "tiny", "zero-infinity-cpu"))
+    sc = _compile(make_run_config("tiny", "tiny", "zero-infinity-cpu"))
     mb = _block(sc, "micro-batch")
     fwd = [op for op in mb.ops if op.tag.layer == 2][:5]
     assert [(op.body.kind, op.stream) for op in fwd] == [
@@ -67,14 +74,14 @@ def test_zero3_step_reads_every_gradient_and_the_next_fetch_waits_for_it() -> No
     per sub-group, and the compute stream waits for it. The 16-bit parameters live in host
     memory (ZeRO-3 offload_param: cpu), updated in place: nothing goes up; with them on the GPU
     (ZeRO-Offload) each sub-group's go up after its update."""
-    sc = compile_generic(make_run_config("tiny", "tiny", "zero-infinity-cpu"))
+    sc = _compile(make_run_config("tiny", "tiny", "zero-infinity-cpu"))
     step = _block(sc, "step (first")
     start = next(op for op in step.ops if op.tag.label == "gradients home")
     assert {r.unit for r in start.reads} == set(range(6)) and start.stream == "cpu_step"
     adams = [op for op in step.ops if op.tag.activity is Activity.OPTIMIZER and op.body.kind is OpKind.FLOW]
     homes = [op for op in step.ops if op.tag.activity is Activity.PARAM_UPDATE]
     assert len(adams) >= 1 and not homes
-    zo = _block(compile_generic(make_run_config("tiny", "tiny", "zero-offload")), "step (first")
+    zo = _block(_compile(make_run_config("tiny", "tiny", "zero-offload")), "step (first")
     zo_adams = [op for op in zo.ops if op.tag.activity is Activity.OPTIMIZER and op.body.kind is OpKind.FLOW]
     zo_homes = [op for op in zo.ops if op.tag.activity is Activity.PARAM_UPDATE]
     assert len(zo_homes) == len(zo_adams) >= 1 and all(h.body.links == ("h2d",) for h in zo_homes)
@@ -84,7 +91,7 @@ def test_zero3_step_reads_every_gradient_and_the_next_fetch_waits_for_it() -> No
 
 
 def test_dpu_compute_waits_only_for_the_previous_step() -> None:
-    sc = compile_generic(make_run_config("tiny", "tiny", "zero-offload-dpu"))
+    sc = _compile(make_run_config("tiny", "tiny", "zero-offload-dpu"))
     step = _block(sc, "step (first")
     on_gpu = [op for op in step.ops if op.stream == "gpu"]
     assert [op.tag.label for op in on_gpu] == ["waits for the previous step"]
@@ -93,7 +100,7 @@ def test_dpu_compute_waits_only_for_the_previous_step() -> None:
 def test_instances_resolve_reads_to_the_writer() -> None:
     """In iteration 1 the step's first op waits for the instances that wrote every gradient
     in iteration 1, not in iteration 0."""
-    sc = compile_generic(make_run_config("tiny", "tiny", "zero-offload", iterations=2, warmup_iterations=1))
+    sc = _compile(make_run_config("tiny", "tiny", "zero-offload", iterations=2, warmup_iterations=1))
     ops = list(op_instances(sc))
     by_id = {i.id: i for i in ops}
     start = next(i for i in ops if i.iteration == 1 and i.op.tag.label == "gradients home")
@@ -105,7 +112,7 @@ def test_instances_resolve_reads_to_the_writer() -> None:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize(("hardware", "workload"), [("tiny", "tiny"), ("rtx4090-pcie4-ws", "llama2-7b")])
 def test_every_shipped_schedule_is_well_formed(hardware: str, workload: str, strategy: str) -> None:
-    sc = compile_generic(make_run_config(hardware, workload, strategy))
+    sc = _compile(make_run_config(hardware, workload, strategy))
     check_acyclic(sc)
     left = check_allocations(sc)
     _only_persistent(sc, left)
@@ -130,7 +137,7 @@ def test_schedules_are_acyclic_and_free_what_they_hold(strategy: str, layers: in
         "training": wl.training.model_copy(update={"grad_accumulation": accumulation,
                                                    "activation_checkpointing": checkpointing})})
     cfg = make_run_config("tiny", wl, strategy, iterations=iterations, warmup_iterations=iterations - 1)
-    sc = compile_generic(cfg)
+    sc = _compile(cfg)
     check_acyclic(sc)
     _only_persistent(sc, check_allocations(sc))
     # (the delayed parameter update runs at least two more iterations than it warms up: cfg.iterations)
@@ -175,7 +182,7 @@ def test_schedule_command_bad_input_is_one_message() -> None:
 def test_no_zero_byte_flows() -> None:
     """A mechanism emits no zero-byte flow (SGD keeps no optimizer state: tba-bert-12k)."""
     for strategy in STRATEGIES:
-        sc = compile_generic(make_run_config("tiny", "tiny", strategy))
+        sc = _compile(make_run_config("tiny", "tiny", strategy))
         progs = [p for c in sc.caches for p in (*c.fetch.values(), *c.evict.values())]
         assert all(op.body.nbytes > 0 for b in [*sc.blocks(), *progs] for op in b.ops if isinstance(op.body, Flow)), \
             strategy

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from offsim import make_run_config, simulate
+from offsim.api import resolve
 from offsim.core.enums import CacheId
 from offsim.schedule.ops import Access, Delay, Flow, Schedule
 from offsim.systems.generic import compile_generic
@@ -84,6 +85,7 @@ def test_schedule_has_the_engines_work(hardware: str, workload: str, strategy: s
     result = simulate(cfg)
     if not result.feasible:
         pytest.skip(f"infeasible: {result.metrics.infeasible_reason}")
+    cfg = result.config  # resolved (auto-swap's amount chosen)
     schedule = compile_generic(cfg)
     skip = set(PARAM_KINDS)
     if schedule.cache(CacheId.DRAM_OPTIMIZER) is not None:
@@ -100,7 +102,7 @@ def test_schedule_has_the_engines_work(hardware: str, workload: str, strategy: s
 def test_parameter_fetches_are_whole_programs(hardware: str, workload: str, strategy: str) -> None:
     """Per layer and iteration, the engine's parameter fetch work is its fetch program run a
     whole number of times (the misses the policies caused)."""
-    cfg = make_run_config(hardware, workload, strategy)
+    cfg = resolve(make_run_config(hardware, workload, strategy))
     schedule = compile_generic(cfg)
     cache = schedule.cache(CacheId.GPU_PARAMS)
     if cache is None:

@@ -1,4 +1,4 @@
-"""Fuyou's automatic activation swap amount (offsim.plan.swap_amount, policy ``auto-swap``).
+"""Fuyou's automatic activation swap amount (offsim.search.swap_amount, policy ``auto-swap``).
 
 Fuyou (Liao et al., arXiv 2403.06504) swaps some blocks' activations to SSD and recomputes the
 rest, choosing how many by predicting the iteration time. These tests check the choice against
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from offsim import load_profile, load_strategy, load_workload, make_run_config, simulate
 from offsim.plan.footprint import state_sizes
-from offsim.plan.swap_amount import choose_swap_blocks, per_block_plan, swap_stalls_s
 from offsim.policies.auto_swap import AutoSwapConfig
+from offsim.search.swap_amount import choose_swap_blocks, per_block_plan, swap_stalls_s
 from tests.test_systems import variant
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from offsim.simulation import simulate
+from offsim.api import simulate
 from offsim.plan.footprint import footprint
 from offsim.sweep.overrides import OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier, time_lower_bound
@@ -54,6 +54,7 @@ def test_bound_is_below_the_simulated_time_and_infeasible_agrees(overrides):
     except OverrideError:
         return  # a combination the models refuse (e.g. gpu-only with activations on the CPU)
     result = simulate(cfg)
+    cfg = result.config  # the resolved configuration (auto-swap's amount chosen)
     if footprint(cfg).first_overflow() is not None:
         assert not result.feasible
         return

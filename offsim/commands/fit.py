@@ -131,15 +131,17 @@ def assess(hw: Any, wl: Any, strategy: str, iterations: int, warmup: int) -> Ass
     ``tokens_per_s`` (null unless simulated), ``tiers`` (:func:`tier_report`),
     ``simulated_peak_bytes``, ``reason`` (tier, need, capacity and text; null when it fits),
     ``deepspeed`` (filled by :func:`fit_report`)."""
-    from offsim import make_run_config, simulate
+    from offsim import make_run_config
+    from offsim.api import resolve
     from offsim.errors import OffsimError
     from offsim.plan.footprint import footprint, state_sizes
+    from offsim.simulation import simulate_resolved
 
     row: dict[str, Any] = {"strategy": strategy, "notes": [], "status": "cannot-run", "fits": False,
                            "iteration_time_s": None, "tokens_per_s": None, "tiers": {}, "simulated_peak_bytes": None,
                            "reason": None, "deepspeed": None}
     try:
-        cfg = make_run_config(hw, wl, strategy, iterations=iterations, warmup_iterations=warmup)
+        cfg = resolve(make_run_config(hw, wl, strategy, iterations=iterations, warmup_iterations=warmup))
         fp = footprint(cfg, state_sizes(cfg))
     except OffsimError as exc:
         row["reason"] = {"tier": None, "need_bytes": None, "capacity_bytes": None, "text": str(exc)}
@@ -154,7 +156,7 @@ def assess(hw: Any, wl: Any, strategy: str, iterations: int, warmup: int) -> Ass
         row["reason"] = {"tier": over, "need_bytes": tier["peak_bytes"], "capacity_bytes": tier["capacity_bytes"],
                          "also_over": also, "text": _overflow_text(over, row["tiers"], also)}
         return Assessment(row, cfg, fp)
-    m = simulate(cfg).metrics
+    m = simulate_resolved(cfg).metrics
     if not m.feasible:  # the engine met a peak the planner did not foresee
         tier = m.infeasible_tier or ""
         cap = row["tiers"].get(tier, {}).get("capacity_bytes")

@@ -34,13 +34,14 @@ def schedule(
 ) -> None:
     """Print the schedule (ops, streams, dependencies) a strategy builds for one configuration."""
     from offsim import make_run_config
+    from offsim.api import resolve
     from offsim.schedule.show import to_json, to_text
     from offsim.systems.generic import compile_generic
 
     try:
         cfg = make_run_config(hardware, workload, strategy, iterations=iterations,
                               warmup_iterations=min(1, iterations - 1))
-        compiled = compile_generic(cfg)
+        compiled = compile_generic(resolve(cfg))
     except OffsimError as exc:
         fail(str(exc))
     if as_json:

@@ -193,11 +193,28 @@ def _rounded_groups(nbytes: float, cfg: RunConfig, alloc: str, home: str, pinned
     return groups * round_pinned(nbytes / groups, alloc)
 
 
-def gpu_param_window_layers(cfg: RunConfig, sz: StateSizes) -> int:
-    """Most layers whose gathered parameters are on the GPU at once when params are streamed."""
-    block = max(1, max(lay.params for lay in sz.layers[1:-1]) if len(sz.layers) > 2 else sz.layers[0].params)
-    reuse = int(cfg.strategy.reuse_distance_params // block)
-    return min(len(sz.layers), cfg.strategy.prefetch_depth + 1 + reuse)
+#: Share of GPU memory an ``auto`` parameter budget leaves unused, against the footprint's
+#: estimates being a little short of what the engine allocates at some instant.
+AUTO_HEADROOM = 0.02
+
+
+def param_budget_bytes(cfg: RunConfig, sz: StateSizes) -> float:
+    """The GPU parameter buffer's budget: ``gpu_param_buffer_gib``; ``auto`` is the GPU memory
+    the rest of the footprint leaves (less :data:`AUTO_HEADROOM`); none is ``inf``."""
+    b = cfg.strategy.policies.gpu_param_buffer_gib
+    if b is None:
+        return math.inf
+    if b != "auto":
+        return float(b) * 2**30
+    others = footprint(_with_buffer(cfg, 1e-9), sz).need_bytes["gpu"]
+    capacity = cfg.hardware.gpu.memory_bytes
+    return max(0.0, capacity * (1 - AUTO_HEADROOM) - others)
+
+
+def _with_buffer(cfg: RunConfig, gib: float) -> RunConfig:
+    st = cfg.strategy
+    pol = st.policies.model_copy(update={"gpu_param_buffer_gib": gib})
+    return cfg.model_copy(update={"strategy": st.model_copy(update={"policies": pol})})
 
 
 def grad_buffer_bytes(cfg: RunConfig, sz: StateSizes) -> float:
@@ -219,7 +236,8 @@ def _gpu_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]
     byte_per_param = sz.param_bytes / sz.params_total
     biggest = max(layer.params for layer in layers) * byte_per_param
     if params_streamed(cfg):
-        window = policy_plan.param_window_bytes(cfg, sz, gpu_param_window_layers(cfg, sz) * biggest)
+        window = policy_plan.param_window_bytes(cfg, sz, policy_plan.gpu_param_window_layers(cfg, sz) * biggest,
+                                                param_budget_bytes(cfg, sz))
         _add(bd, "gpu", "gathered params window", window)
     if policy_plan.custom_activations(cfg):
         _policy_activations(cfg, sz, bd)

@@ -7,13 +7,11 @@ that both see the same decisions.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import TYPE_CHECKING
 
 from offsim.errors import ConfigError, PolicyError
 from offsim.policies import ActivationDecision, ActivationPolicy, BuildContext
-from offsim.policies.auto_swap import AutoSwapConfig
 from offsim.policies.bucket import BucketConfig
 from offsim.policies.lookahead import LookaheadConfig
 from offsim.policies.no_prefetch import NoPrefetchConfig
@@ -23,11 +21,6 @@ from offsim.policies.reuse_distance import ReuseDistanceConfig
 if TYPE_CHECKING:
     from offsim.config.run import RunConfig
     from offsim.plan.footprint import StateSizes
-
-#: Share of GPU memory an ``auto`` parameter budget leaves unused, against the footprint's
-#: estimates being a little short of what the engine allocates at some instant.
-AUTO_HEADROOM = 0.02
-
 
 def build_context(cfg: RunConfig, n_tensors: int, bytes_per_param: float) -> BuildContext:
     """The strategy-level defaults a policy may read."""
@@ -44,20 +37,8 @@ def custom_activations(cfg: RunConfig) -> bool:
 
 
 def activation_policy(cfg: RunConfig, sz: StateSizes) -> ActivationPolicy:
-    """The built activation policy (``auto-swap`` with the swap amount its planner chose)."""
-    ctx = build_context(cfg, len(sz.layers), 0.0)
-    chosen = cfg.strategy.policies.activations
-    if isinstance(chosen, AutoSwapConfig):
-        from offsim.plan.swap_amount import choose_swap_blocks  # it reads this module's plans
-
-        choice = choose_swap_blocks(cfg, sz, chosen.tier)
-        c = choice.chosen
-        note = f"; model {c.estimate_s:.3g} s/iteration ({c.binding})"
-        if c.simulated_s is not None:
-            note += f", profiled {c.simulated_s:.3g} s"
-        ctx = dataclasses.replace(ctx, swap_blocks=choice.blocks, swap_total_blocks=choice.total_blocks,
-                                  swap_note=note)
-    return chosen.build(ctx)
+    """The built activation policy (``auto-swap`` with the swap amount its search chose)."""
+    return cfg.strategy.policies.activations.build(build_context(cfg, len(sz.layers), 0.0))
 
 
 def activation_decisions(cfg: RunConfig, sz: StateSizes) -> list[ActivationDecision]:
@@ -79,39 +60,19 @@ def activation_decisions(cfg: RunConfig, sz: StateSizes) -> list[ActivationDecis
     return out
 
 
-def param_budget_bytes(cfg: RunConfig, sz: StateSizes) -> float:
-    """The GPU parameter buffer's budget: ``gpu_param_buffer_gib``; ``auto`` is the GPU memory
-    the rest of the footprint leaves (less :data:`AUTO_HEADROOM`); none is ``inf``."""
-    b = cfg.strategy.policies.gpu_param_buffer_gib
-    if b is None:
-        return math.inf
-    if b != "auto":
-        return float(b) * 2**30
-    from offsim.plan.footprint import footprint
-
-    others = footprint(_with_buffer(cfg, 1e-9), sz).need_bytes["gpu"]
-    capacity = cfg.hardware.gpu.memory_bytes
-    return max(0.0, capacity * (1 - AUTO_HEADROOM) - others)
-
-
-def _with_buffer(cfg: RunConfig, gib: float) -> RunConfig:
-    st = cfg.strategy
-    pol = st.policies.model_copy(update={"gpu_param_buffer_gib": gib})
-    return cfg.model_copy(update={"strategy": st.model_copy(update={"policies": pol})})
-
-
-def param_window_bytes(cfg: RunConfig, sz: StateSizes, lookahead_bytes: float) -> float:
+def param_window_bytes(cfg: RunConfig, sz: StateSizes, lookahead_bytes: float, budget_bytes: float) -> float:
     """GPU bytes of gathered parameters at once, for the footprint.
 
     ``lookahead_bytes`` is the estimate of the built-in rule (lookahead plus reuse distance);
-    it stands for the default policies. A budget bounds everything; without one, caching
+    it stands for the default policies. A budget (``budget_bytes``, the parameter buffer's,
+    :func:`offsim.plan.footprint.param_budget_bytes`) bounds everything; without one, caching
     policies may keep every layer, DeepSpeed's bucket rule holds about a bucket plus the layer
     computing, and a window prefetch may take whatever is free.
     """
     pol = cfg.strategy.policies
     total = sum(lay.params for lay in sz.layers) * sz.param_bytes / sz.params_total
     if pol.gpu_param_buffer_gib is not None:
-        return min(total, param_budget_bytes(cfg, sz))
+        return min(total, budget_bytes)
     if not isinstance(pol.eviction, ReuseDistanceConfig):
         return total
     if isinstance(pol.prefetch, LookaheadConfig | NoPrefetchConfig):
@@ -134,11 +95,16 @@ def _depth(prefetch: LookaheadConfig | NoPrefetchConfig, cfg: RunConfig) -> int:
 
 
 def _lookahead_estimate(cfg: RunConfig, sz: StateSizes, depth: int) -> float:
-    from offsim.plan.footprint import gpu_param_window_layers
-
     st = cfg.strategy.model_copy(update={"prefetch_depth": depth})
     layers = gpu_param_window_layers(cfg.model_copy(update={"strategy": st}), sz)
     return layers * max(lay.params for lay in sz.layers) * sz.param_bytes / sz.params_total
+
+
+def gpu_param_window_layers(cfg: RunConfig, sz: StateSizes) -> int:
+    """Most layers whose gathered parameters are on the GPU at once when params are streamed."""
+    block = max(1, max(lay.params for lay in sz.layers[1:-1]) if len(sz.layers) > 2 else sz.layers[0].params)
+    reuse = int(cfg.strategy.reuse_distance_params // block)
+    return min(len(sz.layers), cfg.strategy.prefetch_depth + 1 + reuse)
 
 
 def dram_cache_bytes(cfg: RunConfig, sz: StateSizes) -> float:

@@ -21,7 +21,7 @@ below the bound (``tests/test_sweep_prefilter.py`` checks this with Hypothesis).
 
 The sweep's pre-filter (:mod:`offsim.sweep.prefilter`), ProTrain's knob search
 (:mod:`offsim.search.protrain`) and Fuyou's automatic swap amount
-(:mod:`offsim.plan.swap_amount`) all read it.
+(:mod:`offsim.search.swap_amount`) all read it.
 """
 
 from __future__ import annotations

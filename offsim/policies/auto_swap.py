@@ -1,11 +1,13 @@
 """Fuyou's automatic activation swapping (Liao et al., arXiv 2403.06504): the first blocks swap
 their activations to ``tier``, the others are recomputed, and how many swap is chosen by a cost
-model before the run (:mod:`offsim.plan.swap_amount`), not by the user."""
+model before the run (:mod:`offsim.search.swap_amount`, which fills ``chosen``), not by the user."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
 
 from offsim.config.base import Frozen
 from offsim.errors import PolicyError
@@ -16,21 +18,39 @@ if TYPE_CHECKING:
     from offsim.plan.model import Layer
 
 
+class ChosenSwap(Frozen):
+    """The swap amount the search chose (:func:`offsim.search.swap_amount.resolve_auto_swap`).
+
+    Attributes:
+        blocks: transformer blocks whose activations are swapped (the first ones).
+        total_blocks: the transformer blocks of the model.
+        note: the search's prediction, shown in the policy's name.
+    """
+
+    blocks: int = Field(ge=0)
+    total_blocks: int = Field(ge=0)
+    note: str = ""
+
+
 class AutoSwapConfig(Frozen):
     """``{kind: auto-swap, tier: nvme, checkpoint_tier: cpu}``: swapped blocks go to ``tier``,
-    the checkpoints of recomputed blocks wait in ``checkpoint_tier`` (as in per-block)."""
+    the checkpoints of recomputed blocks wait in ``checkpoint_tier`` (as in per-block).
+
+    ``chosen`` is filled by the search before planning (a user leaves it out); planning a
+    configuration whose amount was not chosen is an error."""
 
     kind: Literal["auto-swap"] = "auto-swap"
     tier: Literal["cpu", "nvme"] = "nvme"
     checkpoint_tier: Literal["gpu", "cpu", "nvme"] = "gpu"
+    chosen: ChosenSwap | None = None
 
     def build(self, ctx: BuildContext) -> AutoSwapActivations:
-        """The policy, with the swap count the planner chose (``ctx.swap_blocks``)."""
-        if ctx.swap_blocks is None:
-            raise PolicyError("activations policy auto-swap: built without the planner's swap amount "
-                              "(use offsim.plan.policy_plan.activation_decisions)")
-        return AutoSwapActivations(ctx.swap_blocks, ctx.swap_total_blocks, self.tier, ctx.swap_note,
-                                   self.checkpoint_tier)
+        """The policy, with the swap count the search chose."""
+        if self.chosen is None:
+            raise PolicyError("activations policy auto-swap: the swap amount has not been chosen; resolve the "
+                              "configuration first (offsim.api.resolve, which offsim.simulate calls)")
+        c = self.chosen
+        return AutoSwapActivations(c.blocks, c.total_blocks, self.tier, c.note, self.checkpoint_tier)
 
 
 class AutoSwapActivations:

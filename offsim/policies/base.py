@@ -151,10 +151,6 @@ class BuildContext:
         checkpointing: the run's activation checkpointing setting.
         activations_tier: the strategy's ``placement.activations``.
         has_nvme: the hardware profile has NVMe.
-        swap_blocks: the swap count chosen by :mod:`offsim.plan.swap_amount` (``auto-swap``
-            only; None otherwise).
-        swap_total_blocks: the transformer blocks the count is out of.
-        swap_note: the planner's prediction, for the policy's name.
     """
 
     n_tensors: int = 0
@@ -164,9 +160,6 @@ class BuildContext:
     checkpointing: bool = False
     activations_tier: ActTier = "gpu"
     has_nvme: bool = True
-    swap_blocks: int | None = None
-    swap_total_blocks: int = 0
-    swap_note: str = ""
 
 
 # ---------------------------------------------------------------- protocols

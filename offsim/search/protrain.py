@@ -54,7 +54,7 @@ from offsim.config.workload import Workload
 from offsim.errors import OffsimError
 from offsim.plan.footprint import check_fit, state_sizes
 from offsim.plan.time_bound import time_lower_bound
-from offsim.simulation import simulate
+from offsim.simulation import simulate_resolved
 from offsim.units import GiB
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ def _bound(cfg: RunConfig) -> tuple[float | None, str]:
 def _simulated(label: str, knobs: Knobs | None, cfg: RunConfig, bound: float | None) -> Candidate:
     """Simulate ``cfg``; a policy failure or a misfit becomes an infeasible candidate."""
     try:
-        m = simulate(cfg).metrics
+        m = simulate_resolved(cfg).metrics
     except OffsimError as exc:
         return Candidate(label, knobs, "infeasible", str(exc), bound, None, None, None, cfg.strategy)
     if not m.feasible:

@@ -23,10 +23,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from offsim.api import resolve
 from offsim.errors import OffsimError
 from offsim.plan.footprint import footprint, state_sizes
 from offsim.plan.time_bound import time_lower_bound
-from offsim.simulation import simulate
+from offsim.simulation import simulate_resolved
 from offsim.sweep.cost import cost_columns, usd_per_hour
 from offsim.sweep.overrides import Library, OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier
@@ -152,7 +153,7 @@ def _evaluate(
 ) -> None:
     cache = _MODEL_CACHE.setdefault(payload.fingerprint, {})
     sections = apply_overrides(payload.base, overrides, payload.library)
-    cfg = build_run_config(sections, overrides, cache)
+    cfg = resolve(build_run_config(sections, overrides, cache))  # searched values chosen once
     wl = cfg.workload
     row.update(
         hardware_name=cfg.hardware.name,
@@ -182,7 +183,7 @@ def _evaluate(
                     row.update(cost_columns(cfg.hardware, payload.cost, wl.tokens_per_iteration, None))
                     return
         row["prefilter"] = row["prefilter"] or "passed"
-    result = simulate(cfg)
+    result = simulate_resolved(cfg)
     row.update(_result_columns(result))
     row.update(
         cost_columns(cfg.hardware, payload.cost, wl.tokens_per_iteration, result.metrics.iteration_time_s)

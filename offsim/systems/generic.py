@@ -41,7 +41,6 @@ from offsim.plan.policy_plan import (
     build_context,
     custom_activations,
     dram_cache_bytes,
-    param_budget_bytes,
 )
 from offsim.schedule.ops import CacheSpec, Flow, Schedule
 from offsim.systems.compile import System, compile_system
@@ -170,7 +169,7 @@ def param_fetch(c: Ctx) -> ParamFetch | None:
             if home in ("nvme", "cpu") else None
         gather = c.collective(full, 1.0) if c.sz.param_part > 1 else None
         out.append(LayerFetch(_int(full), nvme, h2d, gather, min(_int(part), staging_cap)))
-    budget = param_budget_bytes(c.cfg, c.sz)
+    budget = fp.param_budget_bytes(c.cfg, c.sz)
     return ParamFetch(tuple(out), None if math.isinf(budget) else _int(budget))
 
 

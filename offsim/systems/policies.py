@@ -23,8 +23,8 @@ from offsim.config.run import RunConfig
 from offsim.core.enums import CacheId, ChoiceId
 from offsim.engine.hooks import CachePolicy, ChoicePolicy
 from offsim.errors import InfeasibleError
-from offsim.plan.footprint import StateSizes, params_streamed
-from offsim.plan.policy_plan import build_context, dram_cache_bytes, param_budget_bytes
+from offsim.plan.footprint import StateSizes, param_budget_bytes, params_streamed
+from offsim.plan.policy_plan import build_context, dram_cache_bytes
 from offsim.schedule.ops import Schedule
 from offsim.systems.generic import split_policy
 from offsim.trace import Recorder

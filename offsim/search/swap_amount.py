@@ -24,6 +24,9 @@ backward reaches them last), ``n`` from 0 to the number of blocks:
    (:data:`PROFILE_ITERATIONS` iterations) and the fastest feasible one is kept.
 
 When no plan fits, ``n`` is 0 and the simulator's fit check reports why.
+
+The search sits above planning and the engine (it runs both): :func:`resolve_auto_swap` writes
+its choice into the configuration (``AutoSwapConfig.chosen``) before anything plans it.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from offsim.config.run import RunConfig
-from offsim.plan.footprint import StateSizes, footprint
+from offsim.plan.footprint import StateSizes, footprint, state_sizes
 from offsim.plan.time_bound import time_lower_bound
+from offsim.policies.auto_swap import AutoSwapConfig, ChosenSwap
 from offsim.policies.per_block import PerBlockConfig
+from offsim.simulation import simulate_resolved
 
 #: Relative slack under which two estimates count as equal (then the smaller swap count wins).
 TIE_TOLERANCE = 1e-6
@@ -157,12 +162,10 @@ def short_list(cands: list[SwapCandidate], best: int) -> list[int]:
 def profile_s(cfg: RunConfig, n: int, total: int, tier: Literal["cpu", "nvme"]) -> float:
     """Simulated steady iteration time of the plan with ``n`` swapped blocks; ``inf`` when the
     simulation finds it does not fit."""
-    from offsim.simulation import simulate  # the engine plans through this module
-
     plan = per_block_plan(cfg, n, total, tier)
     iterations = PROFILE_ITERATIONS + (1 if cfg.strategy.delayed_param_update else 0)
     plan = plan.model_copy(update={"iterations": iterations, "warmup_iterations": 1})
-    m = simulate(plan).metrics
+    m = simulate_resolved(plan).metrics
     return m.iteration_time_s if m.feasible and m.iteration_time_s is not None else math.inf
 
 
@@ -192,3 +195,20 @@ def _choose(cfg: RunConfig, sz: StateSizes, tier: Literal["cpu", "nvme"]) -> Swa
     fastest = min(timed, key=lambda n: (timed[n], n))
     chosen = best if math.isinf(timed[fastest]) else fastest
     return SwapChoice(chosen, total, tuple(cands))
+
+
+def resolve_auto_swap(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with an ``auto-swap`` activation policy's amount chosen (``chosen`` filled); any
+    other configuration, or one already resolved, unchanged."""
+    act = cfg.strategy.policies.activations
+    if not isinstance(act, AutoSwapConfig) or act.chosen is not None:
+        return cfg
+    choice = choose_swap_blocks(cfg, state_sizes(cfg), act.tier)
+    c = choice.chosen
+    note = f"; model {c.estimate_s:.3g} s/iteration ({c.binding})"
+    if c.simulated_s is not None:
+        note += f", profiled {c.simulated_s:.3g} s"
+    chosen = ChosenSwap(blocks=choice.blocks, total_blocks=choice.total_blocks, note=note)
+    st = cfg.strategy
+    pol = st.policies.model_copy(update={"activations": act.model_copy(update={"chosen": chosen})})
+    return cfg.model_copy(update={"strategy": st.model_copy(update={"policies": pol})})
