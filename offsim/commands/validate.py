@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -24,6 +24,9 @@ from offsim.commands._common import (
     say,
     strict_json,
 )
+
+if TYPE_CHECKING:  # the validation module imports the simulator: loaded only when cases run
+    from offsim.validation import CaseResult, Summary
 
 
 def _fmt(x: float | None) -> str:
@@ -55,26 +58,27 @@ def validate(
     if real:
         _validate_real(hardware, workload, layers, device, iterations, out)
         return
-    rows = _run_cases(cases)
+    results = _run_cases(cases)
+    rows = [row for r in results for row in r.rows()]
+    summary = _summarize(results)
     if out is not None:
         import pandas as pd
 
         pd.DataFrame(rows).to_csv(out, index=False)
-    misses = [r for r in rows if not r["within"]]
     if as_json:
-        print_json({"cases": rows, "within": len(rows) - len(misses), "total": len(rows)})
+        print_json({"cases": rows, "summary": summary.to_dict(), "within": summary.within, "total": summary.total})
     else:
         if not quiet:
             console.print(_cases_table(rows))
-        say(f"{len(rows) - len(misses)} of {len(rows)} cases within tolerance "
-            f"({sum(r['role'] == 'calibration' for r in rows)} are calibration checks)"
-            + (f"; missed: {', '.join(r['id'] for r in misses)}" if misses else ""))
-    if misses:
+            console.print(_medians_table(summary))
+        for line in _summary_lines(summary):
+            say(line)
+    if not summary.ok:
         raise typer.Exit(EXIT_NO)
 
 
-def _run_cases(cases: Path | None) -> list[dict[str, Any]]:
-    """Simulate every case of ``cases`` (default: the shipped file); a bad file exits 2."""
+def _run_cases(cases: Path | None) -> list[CaseResult]:
+    """Simulate and judge every case of ``cases`` (default: the shipped file); a bad file exits 2."""
     from offsim.errors import OffsimError
     from offsim.validation import default_cases_path, load_cases, run_case
 
@@ -84,18 +88,62 @@ def _run_cases(cases: Path | None) -> list[dict[str, Any]]:
         fail(str(exc))
 
 
+def _summarize(results: list[CaseResult]) -> Summary:
+    from offsim.validation import summarize
+
+    return summarize(results)
+
+
+def _pct(x: float | None, signed: bool = True) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
+
+
 def _cases_table(rows: list[dict[str, Any]]) -> Table:
-    """Predicted against measured, one row per case."""
+    """Predicted against measured, one row per published number (or verdict)."""
     t = Table(title="offsim vs published measurements")
     numeric = ("measured", "predicted", "error", "tolerance")
-    for col in ("case", "role", "metric", *numeric, "ok"):
+    t.add_column("case", overflow="fold")
+    for col in ("verdict", "metric", *numeric, "ok"):
         t.add_column(col, justify="right" if col in numeric else "left")
     for r in rows:
-        err = "-" if r["error"] is None else f"{100 * r['error']:+.1f}%"
+        tol = "-" if r["tolerance"] is None else f"±{100 * r['tolerance']:.0f}%"
         ok = "[green]yes[/]" if r["within"] else "[red]no[/]"
-        t.add_row(escape(r["id"]), r["role"], escape(r["metric"]), _fmt(r["measured"]), _fmt(r["predicted"]),
-                  err, f"±{100 * r['tolerance']:.0f}%", ok)
+        verdict = f"{r['outcome']}, {'fits' if r['feasible'] else 'rejected'}"
+        verdict = verdict if r["verdict_ok"] else f"[red]{verdict}[/]"
+        case = escape(r["id"]) + (" (cal.)" if r["role"] == "calibration" else "")
+        t.add_row(case, verdict, escape(r["metric"]), _fmt(r["measured"]), _fmt(r["predicted"]),
+                  _pct(r["error"]), tol, ok)
     return t
+
+
+def _medians_table(summary: Summary) -> Table:
+    """Median relative error per case, by kind of figure (validation cases only)."""
+    t = Table(title="median error per case (time or bytes; negative = offsim too fast / too small)")
+    for col in ("figure", "cases", "median |error|", "median signed"):
+        t.add_column(col, justify="left" if col == "figure" else "right")
+    for k in summary.kinds:
+        if k.cases:
+            t.add_row(str(k.kind), str(k.cases), _pct(k.median_abs_error, signed=False), _pct(k.median_signed_error))
+    return t
+
+
+def _summary_lines(summary: Summary) -> list[str]:
+    """The verdicts of fit that were wrong, the orderings and the count of misses."""
+    lines = [f"wrong verdicts of fit: {len(summary.rejected_but_ran)} ran but rejected"
+             + (f" ({', '.join(summary.rejected_but_ran)})" if summary.rejected_but_ran else "")
+             + f"; {len(summary.accepted_but_oom)} ran out of memory but accepted"
+             + (f" ({', '.join(summary.accepted_but_oom)})" if summary.accepted_but_oom else "")]
+    for o in summary.orderings:
+        verdict = "same order" if o.same else "WRONG order"
+        detail = "" if o.same else (f"; inverted: {', '.join(f'{a} > {b}' for a, b in o.discordant_pairs)}"
+                                    if o.discordant_pairs else f"; not judged: {', '.join(o.unjudged)}")
+        lines.append(f"ordering {o.group}: {verdict} (measured fastest first: {' > '.join(o.measured_order)}){detail}")
+    lines.append(f"{summary.within} of {summary.total} cases within tolerance "
+                 f"({summary.calibration} are calibration checks)"
+                 + (f"; missed: {', '.join(summary.misses)}" if summary.misses else ""))
+    return lines
 
 
 def _validate_real(hardware: str, workload: str, layers: int, device: str, iterations: int,
