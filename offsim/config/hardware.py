@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from offsim.config.base import Frozen, Provenance
+from offsim.plan.cpu_adam import CpuHost, CpuSimd, RateOrigin, node_adam_params_per_s
 from offsim.units import GB, TFLOPS, US, GiB
 
 DType = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
@@ -195,8 +196,17 @@ class CPU(Frozen):
     """Host CPUs of one node.
 
     Attributes:
-        optimizer_params_per_s: Adam steps per second over fp32 state (all sockets, the
-            optimizer implementation the profile assumes, e.g. DeepSpeed CPU-Adam).
+        sockets / cores: CPU sockets and physical cores of the node (all sockets).
+        simd: the widest vector extension the CPU reports (cpuinfo flags); it lets the CPU Adam
+            rate be derived (:mod:`offsim.plan.cpu_adam`).
+        clock_ghz: sustained all-core clock, GHz, for the compute bound (None: not known, the
+            bound is left out; it binds only with few threads per rank).
+        optimizer_params_per_s: the node's CPU Adam rate over fp32 state, all ranks together,
+            params/s. A measured figure when the file gives one (``optimizer_rate_origin``
+            ``measured``: an override, divided evenly among the node's ranks); otherwise derived
+            from ``simd``, ``clock_ghz``, ``cores``, ``sockets`` and the DRAM bandwidth when the
+            profile loads (``derived``; per-rank rates then come from the same model).
+        optimizer_impl: the optimizer implementation a measured rate was taken with.
         memcpy_gb_per_s: bandwidth of the host copies offsim charges (pageable staging,
             fp32->fp16 casts), GB/s.
     """
@@ -204,16 +214,71 @@ class CPU(Frozen):
     model: str
     sockets: int = Field(default=1, ge=1)
     cores: int = Field(ge=1)
-    optimizer_params_per_s: float = Field(gt=0)
+    simd: CpuSimd | None = Field(default=None, strict=False)
+    clock_ghz: float | None = Field(default=None, gt=0)
+    optimizer_params_per_s: float = Field(
+        gt=0, description="measured CPU Adam params/s of the node; omit it and give simd to derive it")
+    optimizer_rate_origin: RateOrigin = Field(default=RateOrigin.MEASURED, strict=False)
     optimizer_impl: str = "deepspeed-cpu-adam"
     memcpy_gb_per_s: float = Field(gt=0)
     power_w: float | None = Field(default=None, gt=0)
     price_usd: float | None = Field(default=None, ge=0)
 
+    @model_validator(mode="after")
+    def _check_derivable(self) -> CPU:
+        if self.optimizer_rate_origin is RateOrigin.DERIVED and self.simd is None:
+            raise ValueError("a derived optimizer_params_per_s needs simd")
+        return self
+
     @property
     def memcpy_bytes_per_s(self) -> float:
         """Host memcpy bandwidth, bytes/s."""
         return self.memcpy_gb_per_s * GB
+
+    def adam_host(self, dram_bytes_per_s: float) -> CpuHost:
+        """This CPU as :mod:`offsim.plan.cpu_adam` sees it, with the node's DRAM bandwidth (B/s)."""
+        if self.simd is None:
+            raise ValueError(f"cpu {self.model!r}: simd is needed to derive CPU Adam's rate")
+        clock_hz = None if self.clock_ghz is None else self.clock_ghz * 1e9
+        return CpuHost(self.cores, self.sockets, clock_hz, self.simd, dram_bytes_per_s)
+
+
+class _AdamInputs(Frozen):
+    """The fields a derived CPU Adam rate reads, checked before the rest of the profile."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore", allow_inf_nan=False)
+
+    sockets: int = Field(default=1, ge=1)
+    cores: int = Field(ge=1)
+    simd: CpuSimd = Field(strict=False)
+    clock_ghz: float | None = Field(default=None, gt=0)
+
+
+def _derive_cpu_adam_rate(data: Any) -> Any:
+    """Fill ``cpu.optimizer_params_per_s`` of a raw profile from the CPU Adam model when the file
+    gives no measured figure (or the figure is marked derived, so edits to cores or DRAM re-derive
+    it); anything malformed is left for normal validation to report."""
+    if not isinstance(data, dict):
+        return data
+    cpu, dram = data.get("cpu"), data.get("dram")
+    if isinstance(cpu, CPU):
+        cpu = cpu.model_dump()
+    if isinstance(dram, DRAM):
+        dram = dram.model_dump()
+    if not isinstance(cpu, dict) or not isinstance(dram, dict):
+        return data
+    origin = cpu.get("optimizer_rate_origin", RateOrigin.MEASURED)
+    if "optimizer_params_per_s" in cpu and str(origin) != RateOrigin.DERIVED:
+        return data
+    try:
+        spec = _AdamInputs.model_validate(cpu)
+        dram_bytes_per_s = float(dram["bandwidth_gb_per_s"]) * GB
+    except (ValidationError, KeyError, TypeError, ValueError):
+        return data
+    clock_hz = None if spec.clock_ghz is None else spec.clock_ghz * 1e9
+    host = CpuHost(spec.cores, spec.sockets, clock_hz, spec.simd, dram_bytes_per_s)
+    rate = node_adam_params_per_s(host)
+    return {**data, "cpu": {**cpu, "optimizer_params_per_s": rate, "optimizer_rate_origin": RateOrigin.DERIVED}}
 
 
 class DRAM(Frozen):
@@ -421,3 +486,8 @@ class HardwareProfile(Frozen):
     pfs: PFS | None = None  # optional third storage tier shared over the network (MLP-Offload)
     topology: Topology = Topology()
     price_usd_per_hour: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cpu_adam_rate(cls, data: Any) -> Any:
+        return _derive_cpu_adam_rate(data)

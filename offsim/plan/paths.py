@@ -16,7 +16,7 @@ h2d / d2h      the GPU's own PCIe (or C2C) rate per direction              host<
 switch_h2d/d2h uplink rate / GPUs behind the switch                        host<->GPU copies
 dram           DRAM bandwidth / ranks per node                             DMA, copies, CPU Adam
 memcpy         host copy bandwidth / ranks per node                        pageable staging, casts
-cpu            optimizer params/s / ranks per node                         CPU Adam
+cpu            CPU Adam params/s of one rank (:func:`cpu_adam_rank_rate`)      CPU Adam
 nvme           1 / ranks per node (share of the array's time)              NVMe reads and writes
 pfs_read/write PFS node rate per direction / ranks per node                optimizer state striped
 gpu_link_tx/rx GPU-GPU link per direction                                  all-gather, reduce-scatter
@@ -28,7 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.config.run import RunConfig
+from offsim.config.workload import DTYPE_BYTES
 from offsim.core.enums import Link, Res
+from offsim.plan import cpu_adam
+from offsim.plan.cpu_adam import DEFAULT_LP_COPY, LpCopy, RateOrigin
 from offsim.schedule.ops import Flow
 
 UNCAPPED_BYTES_PER_S = 1e30  # a flow limited only by the resources it uses
@@ -44,7 +47,7 @@ def resource_capacities(cfg: RunConfig, ranks_per_node: int, dp: int) -> dict[Re
         Res.D2H: link.d2h.pinned.peak_bytes_per_s,
         Res.DRAM: hw.dram.bandwidth_bytes_per_s / n,
         Res.MEMCPY: hw.cpu.memcpy_bytes_per_s / n,
-        Res.CPU: hw.cpu.optimizer_params_per_s / n,
+        Res.CPU: cpu_adam_rank_rate(cfg, n),
     }
     if hw.nvme is not None:
         cap[Res.NVME] = 1.0 / n
@@ -58,6 +61,20 @@ def resource_capacities(cfg: RunConfig, ranks_per_node: int, dp: int) -> dict[Re
     if dp > 1 or cfg.workload.training.tensor_parallel > 1:
         cap[Res.GPU_LINK_TX] = cap[Res.GPU_LINK_RX] = gpu_link_bytes_per_s(cfg)
     return cap
+
+
+def cpu_adam_rank_rate(cfg: RunConfig, ranks_per_node: int) -> float:
+    """CPU Adam params/s of one rank while all ``ranks_per_node`` ranks step together.
+
+    A measured profile figure (``cpu.optimizer_rate_origin`` measured) is the node's total,
+    divided evenly among its ranks. Otherwise :func:`offsim.plan.cpu_adam.rank_adam_params_per_s`:
+    threads = the rank's share of the cores, DRAM = its socket's share, 28 B per fp32 element.
+    """
+    hw = cfg.hardware
+    if hw.cpu.optimizer_rate_origin is RateOrigin.MEASURED:
+        return hw.cpu.optimizer_params_per_s / ranks_per_node
+    host = hw.cpu.adam_host(hw.dram.bandwidth_bytes_per_s)
+    return cpu_adam.rank_adam_params_per_s(host, ranks_per_node)
 
 
 def gpu_link_bytes_per_s(cfg: RunConfig) -> float:
@@ -155,9 +172,21 @@ class Paths:
         return Flow(dram_bytes, ((Res.MEMCPY, 1.0), (Res.DRAM, 1.0)), UNCAPPED_BYTES_PER_S, (Link.DRAM_COPY,))
 
     def cpu_optimizer(self, dram_bytes: int, dram_bytes_per_param: float) -> Flow:
-        """CPU optimizer touching ``dram_bytes``: bound by the CPU's params/s and by DRAM."""
+        """CPU Adam touching ``dram_bytes``: bound by the rank's CPU Adam rate (params/s, from
+        :func:`cpu_adam_rank_rate`: SIMD build, threads, the socket's DRAM share) and by DRAM,
+        which it shares with the copies running beside it."""
         usage = ((Res.CPU, 1.0 / dram_bytes_per_param), (Res.DRAM, 1.0))
         return Flow(dram_bytes, usage, UNCAPPED_BYTES_PER_S, (Link.CPU,))
+
+    def cpu_step_passes(self, params: float, lp_copy: LpCopy = DEFAULT_LP_COPY) -> tuple[Flow, ...]:
+        """The host passes a ZeRO offload step runs over ``params`` parameters besides Adam
+        (:func:`offsim.plan.cpu_adam.step_passes`: unscale of the fp32 gradient, then, unless the
+        step and copy are fused, the cast of the master into the fp16/bf16 upload buffer), each a
+        host copy through DRAM, in order."""
+        pr = self.cfg.workload.precision
+        passes = cpu_adam.step_passes(lp_copy, DTYPE_BYTES[pr.optimizer_grads], DTYPE_BYTES[pr.master_params],
+                                      DTYPE_BYTES[pr.params])
+        return tuple(self.host_copy(round(params * p.dram_bytes_per_param)) for p in passes)
 
     def ring(self, nbytes: int, latency_steps: float) -> Flow:
         """Ring traffic of ``nbytes`` each way per rank over the GPU link, plus ``latency_steps``
