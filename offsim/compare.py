@@ -242,9 +242,13 @@ def _time_bound_columns(result: RunResult) -> dict[str, Any]:
 
 
 def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
-                 variants: list[tuple[str, Strategy]], iterations: int = 3, warmup: int = 1,
+                 variants: Sequence[tuple[str, Strategy | str]], iterations: int = 3, warmup: int = 1,
                  on_variant: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, list[RunResult]]:
     """Simulate each ``(label, strategy)``; one row per variant (see :func:`_row` columns).
+
+    A strategy given by name or path is read with the workload as ``offsim run`` reads it
+    (:func:`~offsim.config.run.make_run_config`): a DeepSpeed, Accelerate or Megatron-Core file
+    resolves its ``"auto"`` values from the model and sets the batch of its own row.
 
     A variant whose policy makes an illegal decision gets a row with the error as its reason;
     ``results`` holds the runs that completed. ``on_variant(label)`` is called after each
@@ -255,7 +259,7 @@ def run_variants(hardware: HardwareProfile | str, workload: Workload | str,
         try:
             result = simulate(cfg)
         except PolicyError as exc:  # one variant's illegal decision does not stop the others
-            rows.append({"variant": label, "strategy": st.name, "feasible": False,
+            rows.append({"variant": label, "strategy": cfg.strategy.name, "feasible": False,
                          "infeasible_reason": f"policy error: {exc}"})
         else:
             rows.append(_row(label, result))

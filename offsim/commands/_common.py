@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -25,6 +25,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from offsim.core.strict_json import dumps
+
+if TYPE_CHECKING:
+    from offsim.config.hardware import HardwareProfile
+    from offsim.config.run import RunConfig
+    from offsim.config.workload import Workload
 
 EXIT_OK = 0
 EXIT_NO = 1
@@ -74,6 +79,27 @@ def strict_json(obj: Any, *, indent: int | None = 2) -> str:
 def print_json(obj: Any) -> None:
     """Write ``obj`` as strict JSON on stdout (the ``--json`` output of every command)."""
     sys.stdout.write(strict_json(obj) + "\n")
+
+
+def load_config(hardware: str | HardwareProfile, workload: str | Workload, strategy: str, *,
+                iterations: int = 3, warmup: int = 1, quiet: bool = False) -> RunConfig:
+    """The run configuration of one (hardware, workload, strategy), read as ``offsim run`` reads it.
+
+    A strategy file of DeepSpeed, Accelerate or Megatron-Core is read with the workload: its
+    ``"auto"`` values are resolved from the model and the batch and precision it sets are applied
+    to the workload (:func:`offsim.config.run.make_run_config`). What offsim ignored or
+    approximated in such a file is printed as notes on stderr unless ``quiet``. Bad input exits 2.
+    """
+    from offsim.config.run import make_run_config
+    from offsim.errors import OffsimError
+
+    try:
+        cfg = make_run_config(hardware, workload, strategy, iterations=iterations, warmup_iterations=warmup)
+    except OffsimError as exc:
+        fail(str(exc))
+    for line in () if quiet else cfg.notes:
+        note(line)
+    return cfg
 
 
 def gib(nbytes: float | None) -> str:

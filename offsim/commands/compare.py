@@ -34,6 +34,7 @@ from offsim.commands._common import (
     check_out_file,
     console,
     fail,
+    load_config,
     print_json,
     say,
 )
@@ -217,26 +218,41 @@ def _run_compare(hardware: str, workload: str, strategy: str, policies: str | No
                  param_buffer_gib: str, cache_gib: str | None, dram_cache_gib: str | None, iterations: int,
                  warmup: int, quiet: bool) -> pd.DataFrame:
     """The variants (policy variants of ``strategy`` and strategies as they are), simulated; bad
-    input exits 2."""
-    from offsim.compare import DEFAULT_POLICIES, policy_variants, run_variants
-    from offsim.config.loading import load_strategy
+    input exits 2.
+
+    Every strategy is read as ``offsim run`` reads it (:func:`load_config`): a DeepSpeed,
+    Accelerate or Megatron-Core file with the workload, its notes on stderr. The policy variants
+    run with the batch and precision the base strategy's file sets; each of ``--strategies`` with
+    those its own file sets, so its row is what ``offsim run`` gives for it.
+    """
+    from offsim.compare import DEFAULT_POLICIES, policy_variants, run_variants, tighten_upper_bounds
     from offsim.errors import OffsimError
 
-    try:
-        variants = []
-        if policies or not strategies:
-            base = load_strategy(strategy)
+    groups: list[tuple[Any, Any, list[tuple[str, Any]]]] = []
+    if policies or not strategies:
+        cfg = load_config(hardware, workload, strategy, iterations=iterations, warmup=warmup, quiet=quiet)
+        try:
             buffers = _sizes(cache_gib, "--cache-gib") if cache_gib else _buffer(param_buffer_gib)
             drams = _sizes(dram_cache_gib, "--dram-cache-gib") if dram_cache_gib else None
-            variants += policy_variants(base, policies or DEFAULT_POLICIES, buffers, drams)
-        for name in filter(None, (s.strip() for s in (strategies or "").split(","))):
-            variants.append((name, load_strategy(name)))
-        with progress_bar(len(variants), "simulating variants", enabled=not quiet) as advance:
-            table, _ = run_variants(hardware, workload, variants, iterations, warmup,
-                                    on_variant=lambda label: advance(1, f"simulated {label}"))
-    except OffsimError as exc:
-        fail(str(exc))
-    return table
+            variants = policy_variants(cfg.strategy, policies or DEFAULT_POLICIES, buffers, drams)
+        except OffsimError as exc:
+            fail(str(exc))
+        groups.append((cfg.hardware, cfg.workload, list(variants)))
+    named = [name for name in (s.strip() for s in (strategies or "").split(",")) if name]
+    for name in named:  # bad input exits 2 before any simulation
+        load_config(hardware, workload, name, iterations=iterations, warmup=warmup, quiet=quiet)
+    if named:
+        groups.append((hardware, workload, [(name, name) for name in named]))
+    tables = []
+    with progress_bar(sum(len(g[2]) for g in groups), "simulating variants", enabled=not quiet) as advance:
+        for hw, wl, variants in groups:
+            try:
+                table, _ = run_variants(hw, wl, variants, iterations, warmup,
+                                        on_variant=lambda label: advance(1, f"simulated {label}"))
+            except OffsimError as exc:
+                fail(str(exc))
+            tables.append(table)
+    return tighten_upper_bounds(pd.concat(tables, ignore_index=True))
 
 
 def _write_outputs(table: pd.DataFrame, title: str, out: Path | None, html: Path | None,
@@ -283,16 +299,15 @@ def rok(
     """The ROK curve: GPU memory saved against time cost of recomputing, offloading to DRAM or
     offloading to NVMe the activations of 0..all blocks. Exit 1 when no point fits."""
     from offsim.compare import rok_curve, rok_runs
-    from offsim.config.loading import load_strategy
     from offsim.errors import OffsimError
 
     check_out_file(out)
     check_out_file(html, "--html")
+    cfg = load_config(hardware, workload, strategy, iterations=iterations, warmup=warmup, quiet=quiet)
     try:
-        base = load_strategy(strategy)
-        total = rok_runs(hardware, workload, base, points)
+        total = rok_runs(cfg.hardware, cfg.workload, cfg.strategy, points)
         with progress_bar(total, "simulating the curve", enabled=not quiet) as advance:
-            curve = rok_curve(hardware, workload, base, points, iterations, warmup,
+            curve = rok_curve(cfg.hardware, cfg.workload, cfg.strategy, points, iterations, warmup,
                               on_run=lambda: advance())
     except OffsimError as exc:
         fail(str(exc))

@@ -22,6 +22,7 @@ from offsim.commands._common import (
     check_out_file,
     console,
     fail,
+    load_config,
     print_json,
     say,
 )
@@ -78,7 +79,9 @@ def tune(
     quiet: QuietOpt = False,
 ) -> None:
     """Search ProTrain's knobs (persistent chunks, prefetch depth, blocks that swap or recompute
-    activations, CPU step overlap) by simulation; print the choice and its time against the base."""
+    activations, CPU step overlap) by simulation; print the choice and its time against the base.
+    The base may be a DeepSpeed, Accelerate or Megatron-Core file, read with the workload as
+    offsim run reads it (its batch applies to every candidate)."""
     import yaml
 
     from offsim.errors import OffsimError
@@ -86,8 +89,9 @@ def tune(
 
     check_out_file(out)
     check_out_file(csv, "--csv")
+    cfg = load_config(hardware, workload, base_strategy, iterations=iterations, warmup=warmup, quiet=quiet or as_json)
     try:
-        result = search(hardware, workload, base_strategy, grid, iterations=iterations, warmup=warmup)
+        result = search(cfg.hardware, cfg.workload, cfg.strategy, grid, iterations=iterations, warmup=warmup)
     except OffsimError as exc:
         fail(str(exc))
     summary = _summary(result, hardware, workload)
