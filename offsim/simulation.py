@@ -2,7 +2,7 @@
 
 The one place where a run configuration meets the engine: the system compiles the
 configuration into a :class:`~offsim.schedule.ops.Schedule`, the run-time policies come from
-the strategy (:mod:`offsim.systems.policies`), the :class:`~offsim.engine.execute.Machine` from
+the strategy (:mod:`offsim.systems._policies`), the :class:`~offsim.engine.execute.Machine` from
 the hardware profile, and :class:`~offsim.engine.execute.Executor` runs the schedule on it
 without reading any of them.
 """
@@ -21,8 +21,8 @@ from offsim.plan.footprint import StateSizes, capacities, check_fit, footprint, 
 from offsim.plan.paths import resource_capacities
 from offsim.plan.policy_plan import activation_policy, custom_activations
 from offsim.results import RunResult
-from offsim.systems.generic import compile_generic
-from offsim.systems.policies import run_policies
+from offsim.systems._policies import run_policies
+from offsim.systems._registry import compile_strategy
 from offsim.trace import Recorder
 
 
@@ -38,7 +38,7 @@ def run_schedule(cfg: RunConfig, sz: StateSizes,
                  on_iteration: Callable[[int, int], None] | None = None) -> tuple[Recorder, dict[str, float], int]:
     """Compile ``cfg`` into a schedule and execute it; returns the recorder, the peak bytes per
     reported tier and the SimPy events processed."""
-    schedule = compile_generic(cfg, sz)
+    schedule = compile_strategy(cfg, sz)
     rec = Recorder()
     policies = run_policies(cfg, sz, schedule, rec)
     executor = Executor(schedule, machine(cfg, sz), policies.caches, rec, on_iteration, policies.choices)

@@ -18,12 +18,12 @@ from offsim.config.loading import shipped_files
 from offsim.core.enums import Activity, CacheId, OpKind, TensorKind, Tier
 from offsim.schedule.analysis import accesses, check_acyclic, check_allocations, op_instances
 from offsim.schedule.ops import Alloc, Block, Flow, Schedule
-from offsim.systems.generic import compile_generic
+from offsim.systems._registry import compile_strategy
 
 
 def _compile(cfg: RunConfig) -> Schedule:
     """The schedule of ``cfg`` with its searched values chosen (auto-swap's amount)."""
-    return compile_generic(resolve(cfg))
+    return compile_strategy(resolve(cfg))
 
 
 STRATEGIES = sorted(shipped_files("strategy"))

@@ -20,7 +20,7 @@ from offsim import make_run_config, simulate
 from offsim.api import resolve
 from offsim.core.enums import CacheId
 from offsim.schedule.ops import Access, Delay, Flow, Schedule
-from offsim.systems.generic import compile_generic
+from offsim.systems._registry import compile_strategy
 
 _SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "golden.py"
 _spec = importlib.util.spec_from_file_location("offsim_golden_script_shadow", _SCRIPT)
@@ -86,7 +86,7 @@ def test_schedule_has_the_engines_work(hardware: str, workload: str, strategy: s
     if not result.feasible:
         pytest.skip(f"infeasible: {result.metrics.infeasible_reason}")
     cfg = result.config  # resolved (auto-swap's amount chosen)
-    schedule = compile_generic(cfg)
+    schedule = compile_strategy(cfg)
     skip = set(PARAM_KINDS)
     if schedule.cache(CacheId.DRAM_OPTIMIZER) is not None:
         skip |= OPT_IO_KINDS
@@ -103,7 +103,7 @@ def test_parameter_fetches_are_whole_programs(hardware: str, workload: str, stra
     """Per layer and iteration, the engine's parameter fetch work is its fetch program run a
     whole number of times (the misses the policies caused)."""
     cfg = resolve(make_run_config(hardware, workload, strategy))
-    schedule = compile_generic(cfg)
+    schedule = compile_strategy(cfg)
     cache = schedule.cache(CacheId.GPU_PARAMS)
     if cache is None:
         pytest.skip("parameters are not streamed")

@@ -184,7 +184,7 @@ def test_vanilla_iteration_time_matches_the_sample_log() -> None:
 # ---------------------------------------------------------------- the split in the schedule
 def _dos_optimizer():
     from offsim.mechanisms.cpu_optimizer import CpuOptimizer
-    from offsim.systems.generic import compose
+    from offsim.systems._registry import compose
 
     opt = compose(make_run_config(HW, WL, "deep-optimizer-states")).mechanisms["optimizer"]
     assert isinstance(opt, CpuOptimizer) and opt.split is not None
@@ -215,7 +215,7 @@ def test_split_program_streams_the_chosen_groups_through_the_buffers() -> None:
 def test_split_executes_the_policys_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy that sends every sub-group to the GPU through one buffer: no CPU Adam span, one
     GPU Adam span per sub-group, and D2H carries every sub-group's 12 B/param of state."""
-    import offsim.systems.policies as run_policies
+    import offsim.systems.deep_optimizer_states as dos
 
     class AllOnGpu:
         def __init__(self, n: int) -> None:
@@ -229,7 +229,7 @@ def test_split_executes_the_policys_choice(monkeypatch: pytest.MonkeyPatch) -> N
 
     n = len(_dos_optimizer().groups)
     policy = AllOnGpu(n)
-    monkeypatch.setattr(run_policies, "split_policy", lambda cfg, sz: policy)
+    monkeypatch.setattr(dos, "split_policy", lambda cfg, sz: policy)
     result = simulate(make_run_config(HW, WL, "deep-optimizer-states"))
     spans = result.spans()
     last = spans[spans.iteration == spans["iteration"].max()]

@@ -36,12 +36,12 @@ def schedule(
     from offsim import make_run_config
     from offsim.api import resolve
     from offsim.schedule.show import to_json, to_text
-    from offsim.systems.generic import compile_generic
+    from offsim.systems._registry import compile_strategy
 
     try:
         cfg = make_run_config(hardware, workload, strategy, iterations=iterations,
                               warmup_iterations=min(1, iterations - 1))
-        compiled = compile_generic(resolve(cfg))
+        compiled = compile_strategy(resolve(cfg))
     except OffsimError as exc:
         fail(str(exc))
     if as_json:

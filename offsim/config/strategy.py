@@ -9,9 +9,11 @@ the shipped presets can follow DeepSpeed's behaviour field by field; see
 
 from __future__ import annotations
 
+import functools
+import importlib.resources
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from offsim.config.base import Frozen, Provenance
 from offsim.policies import ActivationConfig, EvictionConfig, OrderConfig, PrefetchConfig
@@ -134,6 +136,8 @@ class Strategy(Frozen):
             their 16-bit parameters are GPU-resident (their fetches move no bytes; pair with an
             eviction policy that keeps them, e.g. ``static`` ``keep_first``); the CPU updates the
             other layers during backward.
+        system: the system that composes the mechanisms (:func:`known_systems`; a shipped
+            strategy names its own, a user's file defaults to ``custom``).
         optimizer_split: ``fixed`` (only ``optimizer_gpu_fraction``) or ``perf-model``: each
             iteration a performance model picks host-resident sub-groups to stream to the GPU
             (state and gradient H2D, GPU Adam, state D2H) concurrently with the CPU updating the
@@ -143,6 +147,11 @@ class Strategy(Frozen):
 
     schema_version: Literal[1] = 1
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    system: str = Field(
+        default="custom",
+        description="the system whose composition of mechanisms runs this strategy (offsim/systems/<system>.py, "
+                    "'-' for '_'); custom: the knobs of this file composed in the standard order",
+    )
     description: str = ""
     provenance: Provenance
     zero_stage: Literal[0, 1, 2, 3] = 0
@@ -266,8 +275,18 @@ class Strategy(Frozen):
                     "only optimizer_gpu_fraction decides",
     )
 
+    @field_validator("system")
+    @classmethod
+    def _known_system(cls, name: str) -> str:
+        if name not in known_systems():
+            raise ValueError(f"system '{name}' is not known; known systems: {', '.join(known_systems())}")
+        return name
+
     @model_validator(mode="after")
     def _check_optimizer_split(self) -> Strategy:
+        if self.optimizer_split == "perf-model" and self.system != "deep-optimizer-states":
+            raise ValueError("optimizer_split 'perf-model' is Deep Optimizer States' split: it needs "
+                             "system 'deep-optimizer-states'")
         if self.optimizer_gpu_fraction == 0.0 and self.optimizer_split == "fixed":
             return self
         p = self.placement
@@ -330,3 +349,12 @@ class Strategy(Frozen):
         act = self.policies.activations
         act_nvme = getattr(act, "kind", "") == "offload-nvme" or getattr(act, "tier", "") == "nvme"
         return act_nvme or "nvme" in (p.params, p.grads, p.optimizer_states, p.activations)
+
+
+@functools.cache
+def known_systems() -> tuple[str, ...]:
+    """The systems a strategy may name: the modules of :mod:`offsim.systems` whose names do not
+    start with ``_`` (listed as files, without importing them), ``_`` written ``-``."""
+    folder = importlib.resources.files("offsim") / "systems"
+    return tuple(sorted(f.name[:-3].replace("_", "-") for f in folder.iterdir()
+                        if f.name.endswith(".py") and not f.name.startswith("_")))

@@ -1,13 +1,11 @@
-"""The generic system: today's strategy knobs, composed from the mechanisms.
+"""The mechanisms' arguments from a strategy's knobs, and the standard composition.
 
-A scaffold for the migration to one file per system: it reads the whole :class:`Strategy` and
-builds every mechanism's numbers the way the former SimPy engine ran them (the goldens of
-``tests/golden`` were recorded on it; ``tests/test_schedule_shadow.py`` compares the compiled
-work with the executed spans).
-
-Decided at run time, through policies the schedule names: cache residency and prefetch, and Deep
-Optimizer States' per-step split (``optimizer_split: perf-model``, a ``Choose`` whose program
-streams the chosen sub-groups through the GPU).
+The system files of this package (one per published system) build their mechanisms here:
+each builder reads the strategy's knobs (placement, ZeRO stage, buffers, bucket sizes...) and
+returns a mechanism with its numbers computed once (bytes rounded to integers here, at compile
+time). Knobs a sweep or a user sets on a shipped strategy therefore keep working under every
+system. :func:`standard` composes them along the standard order; a system adds what is its own
+(Deep Optimizer States' run-time split, :mod:`offsim.systems.deep_optimizer_states`).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from offsim.mechanisms.cpu_optimizer import (
     CpuOptimizer,
     GpuSplit,
     GroupIO,
-    StreamedGroup,
     dram_cache_programs,
     storage_cache_spec,
 )
@@ -34,7 +31,6 @@ from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan import footprint as fp
 from offsim.plan.model import Layer
-from offsim.plan.optimizer_split import PerfModelSplit, SplitBytes, SplitRates
 from offsim.plan.paths import Paths, resource_capacities
 from offsim.plan.policy_plan import (
     activation_decisions,
@@ -42,11 +38,11 @@ from offsim.plan.policy_plan import (
     custom_activations,
     dram_cache_bytes,
 )
-from offsim.schedule.ops import CacheSpec, Flow, Schedule
-from offsim.systems.compile import System, compile_system
+from offsim.schedule.ops import CacheSpec, Flow
+from offsim.systems._compile import System
 
 
-def _int(x: float) -> int:
+def whole(x: float) -> int:
     """Bytes rounded once, at compile time."""
     return round(x)
 
@@ -89,7 +85,7 @@ class Ctx:
         if self.st.replicated_param_swap or self.sz.dp <= 1:
             return None
         dp = self.sz.dp
-        return self.paths.ring(_int(factor * (dp - 1) / dp * nbytes_full), factor * (dp - 1))
+        return self.paths.ring(whole(factor * (dp - 1) / dp * nbytes_full), factor * (dp - 1))
 
 
 def _nvme_write_rate(cfg: RunConfig, sz: fp.StateSizes) -> float:
@@ -147,7 +143,7 @@ def build_ctx(cfg: RunConfig, sz: fp.StateSizes | None = None) -> Ctx:
 def compute(c: Ctx) -> Compute:
     tp = c.cfg.workload.training.tensor_parallel
     hidden = 2.0 * c.cfg.workload.training.tokens_per_micro_batch * c.cfg.workload.model.hidden
-    allreduce = c.paths.ring(_int(2 * 2.0 * (tp - 1) / tp * hidden), 2 * 2.0 * (tp - 1)) if tp > 1 else None
+    allreduce = c.paths.ring(whole(2 * 2.0 * (tp - 1) / tp * hidden), 2 * 2.0 * (tp - 1)) if tp > 1 else None
     return Compute(tuple(LayerCost(lay.fwd_s, lay.bwd_s, lay.fwd_flop, rc, allreduce if lay.is_block else None)
                          for lay, rc in zip(c.layers, c.recompute, strict=True)))
 
@@ -156,7 +152,7 @@ def param_fetch(c: Ctx) -> ParamFetch | None:
     if not fp.params_streamed(c.cfg):
         return None
     out = []
-    staging_cap = _int(c.st.pinned_buffer_count * c.st.pinned_buffer_bytes)
+    staging_cap = whole(c.st.pinned_buffer_count * c.st.pinned_buffer_bytes)
     for lay in c.layers:
         full = lay.params * c.bpp_param
         part = full / c.sz.param_part
@@ -164,24 +160,24 @@ def param_fetch(c: Ctx) -> ParamFetch | None:
         if c.layerwise:
             part *= c.host_share[lay.index]
             home = home if part > 0 else "gpu"
-        nvme = c.paths.nvme(True, _int(part)) if home == "nvme" else None
-        h2d = c.paths.dma(True, _int(part), pinned=True if home == "nvme" else c.st.pin_memory) \
+        nvme = c.paths.nvme(True, whole(part)) if home == "nvme" else None
+        h2d = c.paths.dma(True, whole(part), pinned=True if home == "nvme" else c.st.pin_memory) \
             if home in ("nvme", "cpu") else None
         gather = c.collective(full, 1.0) if c.sz.param_part > 1 else None
-        out.append(LayerFetch(_int(full), nvme, h2d, gather, min(_int(part), staging_cap)))
+        out.append(LayerFetch(whole(full), nvme, h2d, gather, min(whole(part), staging_cap)))
     budget = fp.param_budget_bytes(c.cfg, c.sz)
-    return ParamFetch(tuple(out), None if math.isinf(budget) else _int(budget))
+    return ParamFetch(tuple(out), None if math.isinf(budget) else whole(budget))
 
 
 def activations(c: Ctx) -> Activations:
-    staging_cap = _int(c.st.pinned_buffer_count * c.st.pinned_buffer_bytes)
+    staging_cap = whole(c.st.pinned_buffer_count * c.st.pinned_buffer_bytes)
     gb = fp.grad_buffer_bytes(c.cfg, c.sz)
     out, reserve = [], []
     for lay, rc, tier, moved in zip(c.layers, c.recompute, c.act_tier, c.offloads, strict=True):
-        kept = _int(lay.kept_bytes(rc))
-        transient = _int(lay.act_full_bytes) - kept if kept < _int(lay.act_full_bytes) else 0
-        work = _int(lay.backward_work_bytes(rc))
-        reserve.append(work + _int(gb))
+        kept = whole(lay.kept_bytes(rc))
+        transient = whole(lay.act_full_bytes) - kept if kept < whole(lay.act_full_bytes) else 0
+        work = whole(lay.backward_work_bytes(rc))
+        reserve.append(work + whole(gb))
         if not moved:
             out.append(LayerActivations(kept, transient, work, Tier.GPU))
         elif tier is Tier.NVME and c.st.gpudirect_storage:
@@ -205,25 +201,25 @@ def _layer_update(c: Ctx, lay: Layer) -> LayerUpdate:
     state = params * sz.optimizer_bytes_per_param
     nvme = pl.optimizer_states == "nvme"
     home = None
-    nbytes = _int(params * c.bpp_param)
+    nbytes = whole(params * c.bpp_param)
     if pl.params == "gpu":
         home = c.paths.dma(True, nbytes, c.st.pin_memory)
     elif pl.params == "nvme":
         home = c.paths.nvme(False, nbytes)
-    dram_bpp = _optimizer_dram_bpp(c)
-    return LayerUpdate(c.paths.cpu_optimizer(_int(params * dram_bpp), dram_bpp),
+    dram_bpp = optimizer_dram_bpp(c)
+    return LayerUpdate(c.paths.cpu_optimizer(whole(params * dram_bpp), dram_bpp),
                        storage(c, True, state) if nvme else None,
-                       storage(c, False, state) if nvme else None, _int(state), home,
+                       storage(c, False, state) if nvme else None, whole(state), home,
                        "param_update_h2d" if pl.params == "gpu" else None)
 
 
-def _optimizer_dram_bpp(c: Ctx) -> float:
+def optimizer_dram_bpp(c: Ctx) -> float:
     """DRAM bytes per parameter of one CPU Adam: read and write master + moments, read the
     gradient, write the 16-bit parameter."""
     return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
 
 
-def _gpu_adam_bpp(c: Ctx) -> float:
+def gpu_adam_bpp(c: Ctx) -> float:
     return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
 
 
@@ -245,16 +241,16 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None) -> LayerGrads:
     on_gpu = 1.0 - share
     gpu_adam = 0.0
     if c.layerwise and on_gpu > 0:
-        gpu_adam = lay.params / sz.opt_part * on_gpu * _gpu_adam_bpp(c) / gpu.hbm_bytes_per_s
+        gpu_adam = lay.params / sz.opt_part * on_gpu * gpu_adam_bpp(c) / gpu.hbm_bytes_per_s
     nvme = st.placement.grads == "nvme"
     return LayerGrads(
-        reduce, True, compress, _int(min(full, fp.grad_buffer_bytes(c.cfg, sz))),
-        c.paths.dma(False, _int(part), st.pin_memory) if part > 0 else None,
-        _int(local * hg) if host_slots is not None and share > 0 else 0, c.host,
-        c.paths.host_copy(_int(local * (c.bpp_grad + hg))), c.paths.host_copy(_int(local * (c.bpp_grad + 2 * hg))),
-        c.paths.host_copy(_int(local * (c.bpp_grad + hg))) if nvme else None,
-        c.paths.nvme(True, _int(local * hg)) if nvme else None,
-        c.paths.nvme(False, _int(local * hg)) if nvme else None,
+        reduce, True, compress, whole(min(full, fp.grad_buffer_bytes(c.cfg, sz))),
+        c.paths.dma(False, whole(part), st.pin_memory) if part > 0 else None,
+        whole(local * hg) if host_slots is not None and share > 0 else 0, c.host,
+        c.paths.host_copy(whole(local * (c.bpp_grad + hg))), c.paths.host_copy(whole(local * (c.bpp_grad + 2 * hg))),
+        c.paths.host_copy(whole(local * (c.bpp_grad + hg))) if nvme else None,
+        c.paths.nvme(True, whole(local * hg)) if nvme else None,
+        c.paths.nvme(False, whole(local * hg)) if nvme else None,
         _layer_update(c, lay) if c.layerwise and local > 0 else None, gpu_adam)
 
 
@@ -270,17 +266,17 @@ def storage(c: Ctx, read: bool, nbytes: float) -> StorageIO:
     share = c.st.pfs_share if c.cfg.hardware.pfs is not None else 0.0
     capped = c.st.io_concurrency is not None
     if share <= 0 and not capped:
-        return ((c.paths.nvme(read, _int(nbytes)), None),)
+        return ((c.paths.nvme(read, whole(nbytes)), None),)
     pfs = nbytes * share
     parts: list[tuple[Flow, str | None]] = []
     if nbytes - pfs > 0:
-        parts.append((c.paths.nvme(read, _int(nbytes - pfs)), "io_nvme" if capped else None))
+        parts.append((c.paths.nvme(read, whole(nbytes - pfs)), "io_nvme" if capped else None))
     if pfs > 0:
-        parts.append((c.paths.pfs(read, _int(pfs)), "io_pfs" if capped else None))
+        parts.append((c.paths.pfs(read, whole(pfs)), "io_pfs" if capped else None))
     return tuple(parts)
 
 
-def _subgroups(c: Ctx) -> list[float]:
+def subgroups(c: Ctx) -> list[float]:
     """Host-resident optimizer sub-groups (parameters each)."""
     local = c.sz.local_params * (1.0 - c.st.optimizer_gpu_fraction)
     n = max(1, math.ceil(local / c.st.sub_group_params))
@@ -303,8 +299,8 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
     sz, pl, st = c.sz, c.st.placement, c.st
     state = params * sz.optimizer_bytes_per_param if pl.optimizer_states == "nvme" else 0.0
     grads_b = params * sz.host_grad_bytes_per_param if pl.grads == "nvme" else 0.0
-    dram_bpp = _optimizer_dram_bpp(c)
-    nbytes = _int(params * c.bpp_param)
+    dram_bpp = optimizer_dram_bpp(c)
+    nbytes = whole(params * c.bpp_param)
     home = gather = None
     if pl.params == "gpu":
         home = c.paths.dma(True, nbytes, st.pin_memory)
@@ -312,14 +308,14 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
             gather = c.collective(nbytes * sz.dp, 1.0)
     elif pl.params == "nvme":
         home = c.paths.nvme(False, nbytes)
-    first = _int(fp.first_step_state_bytes(c.cfg, params))
-    adam = c.paths.cpu_optimizer(_int(params * dram_bpp), dram_bpp)
+    first = whole(fp.first_step_state_bytes(c.cfg, params))
+    adam = c.paths.cpu_optimizer(whole(params * dram_bpp), dram_bpp)
     if cached:
         grads_in = storage(c, True, grads_b) if grads_b > 0 else None
-        return GroupIO(adam, grads_in=grads_in, grads_buffer_bytes=_int(fp.round_pinned(grads_b, st.host_allocator)),
+        return GroupIO(adam, grads_in=grads_in, grads_buffer_bytes=whole(fp.round_pinned(grads_b, st.host_allocator)),
                        first_step_bytes=first, params_home=home, gather=gather)
     staged = state + grads_b
-    buffer = 0 if fp.deepspeed_zero3_offload(c.cfg) else _int(fp.round_pinned(staged, st.host_allocator))
+    buffer = 0 if fp.deepspeed_zero3_offload(c.cfg) else whole(fp.round_pinned(staged, st.host_allocator))
     return GroupIO(adam, storage(c, True, staged) if staged > 0 else None,
                    storage(c, False, state) if state > 0 else None, None, buffer, 0, first, home, gather)
 
@@ -330,14 +326,16 @@ def _dram_cache(c: Ctx, groups: list[float]) -> CacheSpec | None:
     capacity = dram_cache_bytes(c.cfg, c.sz)
     if not on_nvme or capacity <= 0:
         return None
-    state = {g: _int(p * c.sz.optimizer_bytes_per_param) for g, p in enumerate(groups)}
+    state = {g: whole(p * c.sz.optimizer_bytes_per_param) for g, p in enumerate(groups)}
     fetch, evict = dram_cache_programs(state, c.host, {g: storage(c, True, b) for g, b in state.items()},
                                        {g: storage(c, False, b) for g, b in state.items()})
-    return CacheSpec(CacheId.DRAM_OPTIMIZER, c.host, _int(capacity) if math.isfinite(capacity) else None,
+    return CacheSpec(CacheId.DRAM_OPTIMIZER, c.host, whole(capacity) if math.isfinite(capacity) else None,
                      state, fetch, evict, persistent=True, writes_back=True)
 
 
-def optimizer(c: Ctx) -> CpuOptimizer | GpuOptimizer:
+def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimizer:
+    """The optimizer step: on the GPU, layer-wise inside backward, or on the CPU per sub-group
+    (``split``: sub-groups that may be streamed through the GPU instead, decided at run time)."""
     sz, st = c.sz, c.st
     n = len(c.layers)
     if c.layerwise:
@@ -346,94 +344,56 @@ def optimizer(c: Ctx) -> CpuOptimizer | GpuOptimizer:
         bpp = 2 * sz.optimizer_bytes_per_param + c.bpp_grad + c.bpp_param
         gather = c.collective(sz.param_bytes, 1.0) if st.zero_stage in (1, 2) else None
         return GpuOptimizer(sz.local_params * bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, gather, n)
-    groups = _subgroups(c)
+    groups = subgroups(c)
     cache = _dram_cache(c, groups)
     on_storage = st.placement.optimizer_states == "nvme"
     bypass = None
     if on_storage and cache is None:
-        bypass = storage_cache_spec({g: _int(p * sz.optimizer_bytes_per_param) for g, p in enumerate(groups)}, c.host)
+        bypass = storage_cache_spec({g: whole(p * sz.optimizer_bytes_per_param) for g, p in enumerate(groups)}, c.host)
     resident = sz.local_params * st.optimizer_gpu_fraction
     gather = c.collective(resident * c.bpp_param * sz.dp, 1.0) if resident > 0 and st.zero_stage in (1, 2) else None
     return CpuOptimizer(tuple(_group_io(c, p, cache is not None) for p in groups), _orders(c, len(groups)),
-                        st.optimizer_swap_pipeline, n, cache, _int(fp.overflow_check_bytes(c.cfg, sz)),
-                        resident * _gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
-                        st.delayed_param_update, on_storage, bypass, st.io_concurrency, _gpu_split(c, groups))
-
-
-# ---------------------------------------------------------------- Deep Optimizer States' split
-def _split_bytes(c: Ctx) -> SplitBytes:
-    """Bytes per parameter on each path of the split (:class:`~offsim.plan.optimizer_split.SplitBytes`)."""
-    pl = c.st.placement
-    hg, opt = c.sz.host_grad_bytes_per_param, c.sz.optimizer_bytes_per_param
-    return SplitBytes(h2d_gpu=opt + hg, d2h_gpu=opt + (c.bpp_param if pl.params != "gpu" else 0.0),
-                      hbm_gpu=_gpu_adam_bpp(c), h2d_cpu=c.bpp_param if pl.params == "gpu" else 0.0,
-                      gpu_buffer=opt + hg)
-
-
-def _gpu_split(c: Ctx, groups: list[float]) -> GpuSplit | None:
-    """Deep Optimizer States (``optimizer_split: perf-model``): every host sub-group's round trip
-    through the GPU, for the step's run-time choice."""
-    if c.st.optimizer_split != "perf-model":
-        return None
-    sz, b, pinned = c.sz, _split_bytes(c), c.st.pin_memory
-    hbm = c.cfg.hardware.gpu.hbm_bytes_per_s
-    streamed = []
-    for p in groups:
-        gather = c.collective(p * c.bpp_param * sz.dp, 1.0) if c.st.zero_stage in (1, 2) else None
-        streamed.append(StreamedGroup(_int(p * b.gpu_buffer), c.paths.dma(True, _int(p * b.h2d_gpu), pinned),
-                                      p * b.hbm_gpu / hbm, c.paths.dma(False, _int(p * b.d2h_gpu), pinned), gather))
-    return GpuSplit(tuple(streamed))
-
-
-def split_policy(cfg: RunConfig, sz: fp.StateSizes | None = None) -> PerfModelSplit:
-    """The split's run-time policy, starting from the profile's rates (CPU Adam also bound by DRAM)."""
-    c = build_ctx(cfg, sz)
-    hw, groups = cfg.hardware, _subgroups(c)
-    cpu = min(hw.cpu.optimizer_params_per_s, hw.dram.bandwidth_bytes_per_s / _optimizer_dram_bpp(c))
-    link, kind = hw.host_link, "pinned" if c.st.pin_memory else "pageable"
-    rates = SplitRates(cpu_params_per_s=cpu / c.sz.ranks_per_node,
-                       h2d_bytes_per_s=getattr(link.h2d, kind).peak_bytes_per_s,
-                       d2h_bytes_per_s=getattr(link.d2h, kind).peak_bytes_per_s,
-                       hbm_bytes_per_s=hw.gpu.hbm_bytes_per_s, duplex_efficiency=link.duplex_efficiency)
-    return PerfModelSplit(len(groups), groups[0], rates, _split_bytes(c), 3 if c.st.optimizer_swap_pipeline else 1)
+                        st.optimizer_swap_pipeline, n, cache, whole(fp.overflow_check_bytes(c.cfg, sz)),
+                        resident * gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
+                        st.delayed_param_update, on_storage, bypass, st.io_concurrency, split)
 
 
 def static_state(c: Ctx) -> StaticState:
     """The engine's ``_allocate_static`` as data."""
     cfg, sz, st = c.cfg, c.sz, c.st
     pl, pinned = st.placement, st.pin_memory
-    items = [StaticItem(Tier.GPU, _int(cfg.hardware.gpu.reserved_bytes), "reserved", TensorKind.RESERVED),
-             StaticItem(home_tier(pl.params, pinned), _int(fp.home_param_bytes(cfg, sz)), "params",
+    items = [StaticItem(Tier.GPU, whole(cfg.hardware.gpu.reserved_bytes), "reserved", TensorKind.RESERVED),
+             StaticItem(home_tier(pl.params, pinned), whole(fp.home_param_bytes(cfg, sz)), "params",
                         TensorKind.PARAM16)]
     share = 1.0 - st.optimizer_gpu_fraction
     if pl.grads == "gpu":
-        items.append(StaticItem(Tier.GPU, _int(sz.grad_bytes / sz.grad_part), "grads", TensorKind.GRAD_OPT))
+        items.append(StaticItem(Tier.GPU, whole(sz.grad_bytes / sz.grad_part), "grads", TensorKind.GRAD_OPT))
     elif fp.layerwise_grad_buffers(cfg) is None:
         g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param * share
-        items.append(StaticItem(home_tier(pl.grads, pinned), _int(_pinned_groups(c, g, pl.grads)), "grads",
+        items.append(StaticItem(home_tier(pl.grads, pinned), whole(_pinned_groups(c, g, pl.grads)), "grads",
                                 TensorKind.GRAD_OPT))
     o = sz.local_params * sz.optimizer_bytes_per_param * share
     resident = st.optimizer_gpu_fraction * (sz.local_params * sz.optimizer_bytes_per_param
                                             + sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param)
-    items.append(StaticItem(Tier.GPU, _int(resident), "optimizer state, fp32 grads on the GPU", TensorKind.OPT_STATE))
+    items.append(StaticItem(Tier.GPU, whole(resident), "optimizer state, fp32 grads on the GPU", TensorKind.OPT_STATE))
     on_pfs = fp.pfs_share(cfg)
     items.append(StaticItem(home_tier(pl.optimizer_states, pinned),
-                            _int(_pinned_groups(c, o * (1.0 - on_pfs), pl.optimizer_states)), "optimizer state",
+                            whole(_pinned_groups(c, o * (1.0 - on_pfs), pl.optimizer_states)), "optimizer state",
                             TensorKind.OPT_STATE))
-    items.append(StaticItem(Tier.PFS, _int(o * on_pfs), "optimizer state striped to the PFS", TensorKind.OPT_STATE))
+    items.append(StaticItem(Tier.PFS, whole(o * on_pfs), "optimizer state striped to the PFS", TensorKind.OPT_STATE))
     if fp.deepspeed_zero3_offload(cfg):
-        items += [StaticItem(Tier(s.tier), _int(s.nbytes), s.what) for s in fp.deepspeed_host_init(cfg, sz)]
+        items += [StaticItem(Tier(s.tier), whole(s.nbytes), s.what) for s in fp.deepspeed_host_init(cfg, sz)]
     elif st.needs_staging_buffers():
         nbytes = st.pinned_buffer_count * fp.round_pinned(st.pinned_buffer_bytes, st.host_allocator)
-        items.append(StaticItem(Tier.HOST_PINNED, _int(nbytes), "pinned staging buffers"))
-    return StaticState(tuple(i for i in items if i.nbytes != 0), _int(st.pinned_buffer_count * st.pinned_buffer_bytes))
+        items.append(StaticItem(Tier.HOST_PINNED, whole(nbytes), "pinned staging buffers"))
+    return StaticState(tuple(i for i in items if i.nbytes != 0), whole(st.pinned_buffer_count * st.pinned_buffer_bytes))
 
 
 def _pinned_groups(c: Ctx, nbytes: float, home: str) -> float:
     st = c.st
     if home != "cpu" or not st.pin_memory or st.host_allocator != "caching":
         return nbytes
-    n = len(_subgroups(c))
+    n = len(subgroups(c))
     return n * fp.round_pinned(nbytes / n, "caching")
 
 
@@ -453,29 +413,26 @@ BACKWARD_ORDER = (("params", Stage.ISSUE), ("activations", Stage.ISSUE), ("activ
                   ("activations", Stage.AFTER), ("grads", Stage.AFTER), ("params", Stage.DONE))
 
 
-def compose(cfg: RunConfig, sz: fp.StateSizes | None = None) -> System:
-    """The generic system for ``cfg``: the mechanisms its knobs call for, in the standard order
-    (``sz``: sizes other than the configuration's, for hand-built layers in tests)."""
-    c = build_ctx(cfg, sz)
-    mechs: dict[str, object] = {"static": static_state(c), "compute": compute(c), "activations": activations(c),
-                                "grads": grads(c), "optimizer": optimizer(c)}
+def standard(c: Ctx, split: GpuSplit | None = None, notes: tuple[str, ...] = ()) -> System:
+    """The mechanisms ``c``'s knobs call for, in the standard order (``split``: the optimizer's
+    run-time GPU split; ``notes``: what the system wants said about its schedule)."""
+    opt = optimizer(c, split)
     fetch = param_fetch(c)
-    if fetch is not None:
-        mechs["params"] = fetch
-    else:
-        mechs["params"] = _Nothing()
-    opt = mechs["optimizer"]
+    mechs: dict[str, object] = {"static": static_state(c), "compute": compute(c), "activations": activations(c),
+                                "grads": grads(c), "optimizer": opt,
+                                "params": _Nothing() if fetch is None else fetch}
     period = _step_period(opt.orders) if isinstance(opt, CpuOptimizer) else 1
-    notes: tuple[str, ...] = ()
-    if c.st.optimizer_split == "perf-model":
-        notes = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen when each step starts, "
-                 "from the previous step's CPU rate and the GPU memory free then (Deep Optimizer States); the "
-                 "program shown is the default option's, every sub-group on the CPU",)
     sites = {SiteKind.INIT: (("static", Stage.RUN),), SiteKind.FORWARD: FORWARD_ORDER,
              SiteKind.BACKWARD: BACKWARD_ORDER, SiteKind.ITERATION_END: (("params", Stage.DONE),),
              SiteKind.STEP: (("optimizer", Stage.RUN),)}
-    return System(mechs, sites, len(c.layers), cfg.workload.training.grad_accumulation,  # type: ignore[arg-type]
-                  cfg.iterations, period, notes, tuple(lay.name for lay in c.layers))
+    return System(mechs, sites, len(c.layers), c.cfg.workload.training.grad_accumulation,  # type: ignore[arg-type]
+                  c.cfg.iterations, period, notes, tuple(lay.name for lay in c.layers))
+
+
+def standard_system(cfg: RunConfig, sz: fp.StateSizes | None = None) -> System:
+    """The standard composition of ``cfg``'s knobs (``sz``: sizes other than the configuration's,
+    for hand-built layers in tests): the ``compose`` of the systems whose behaviour the knobs carry."""
+    return standard(build_ctx(cfg, sz))
 
 
 @dataclass(frozen=True)
@@ -488,8 +445,3 @@ class _Nothing:
 
     def emit(self, b, site, stage) -> None:
         return None
-
-
-def compile_generic(cfg: RunConfig, sz: fp.StateSizes | None = None) -> Schedule:
-    """The schedule of ``cfg`` under the generic system."""
-    return compile_system(compose(cfg, sz))

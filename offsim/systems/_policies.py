@@ -10,8 +10,8 @@ Two caches exist when the strategy calls for them:
   kept across iterations; misses read over ``nvme_read``, dirty victims go out over
   ``nvme_write`` (with no DRAM cache every sub-group misses and is written back each step).
 
-Deep Optimizer States' split (``optimizer_split``) is decided by
-:class:`~offsim.plan.optimizer_split.PerfModelSplit`.
+The policies of run-time choices (Deep Optimizer States' split) come from the system that
+names them (:func:`offsim.systems._registry.choice_policies`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from offsim.errors import InfeasibleError
 from offsim.plan.footprint import StateSizes, param_budget_bytes, params_streamed
 from offsim.plan.policy_plan import build_context, dram_cache_bytes
 from offsim.schedule.ops import Schedule
-from offsim.systems.generic import split_policy
+from offsim.systems._registry import choice_policies
 from offsim.trace import Recorder
 
 
@@ -56,9 +56,7 @@ def run_policies(cfg: RunConfig, sz: StateSizes, schedule: Schedule, rec: Record
         nbytes = dram_cache_bytes(cfg, sz)
         _info(rec, CacheId.DRAM_OPTIMIZER, "host", ["nvme_read"], ["nvme_write"], nbytes, True,
               pol.dram_eviction.kind if nbytes > 0 else "none (no DRAM cache)")
-    choices: dict[ChoiceId, ChoicePolicy] = {}
-    if schedule.choice(ChoiceId.OPTIMIZER_SPLIT) is not None:
-        choices[ChoiceId.OPTIMIZER_SPLIT] = split_policy(cfg, sz)
+    choices = {cid: policy for cid, policy in choice_policies(cfg, sz).items() if schedule.choice(cid) is not None}
     return RunPolicies(caches, choices)
 
 

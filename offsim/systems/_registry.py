@@ -1,0 +1,51 @@
+"""Which system a strategy names, and its schedule.
+
+A system is a module of this package whose name does not start with ``_``: ``system: twin-flow``
+in a strategy file is ``offsim/systems/twin_flow.py``. It defines
+
+* ``compose(cfg, sz=None) -> System``: its mechanisms along its order (from
+  :mod:`offsim.systems._parts`, plus what is its own);
+* optionally ``choice_policies(cfg, sz) -> dict[ChoiceId, ChoicePolicy]``: the run-time
+  policies of the choices its schedule names.
+
+Adding a system is adding its file (with its strategy YAML and its test); nothing here changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from offsim.config.run import RunConfig
+from offsim.config.strategy import known_systems
+from offsim.core.enums import ChoiceId
+from offsim.engine.hooks import ChoicePolicy
+from offsim.errors import ConfigError
+from offsim.plan.footprint import StateSizes
+from offsim.schedule.ops import Schedule
+from offsim.systems._compile import System, compile_system
+
+
+def system_module(name: str) -> ModuleType:
+    """The module of system ``name`` (``zero-offload`` -> :mod:`offsim.systems.zero_offload`)."""
+    if name not in known_systems():
+        raise ConfigError(f"system '{name}' is not known; known systems: {', '.join(known_systems())}")
+    return importlib.import_module(f"offsim.systems.{name.replace('-', '_')}")
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The composition of the system ``cfg``'s strategy names (``sz``: sizes other than the
+    configuration's, for hand-built layers in tests)."""
+    system: System = system_module(cfg.strategy.system).compose(cfg, sz)
+    return system
+
+
+def compile_strategy(cfg: RunConfig, sz: StateSizes | None = None) -> Schedule:
+    """The schedule of ``cfg`` under the system its strategy names."""
+    return compile_system(compose(cfg, sz))
+
+
+def choice_policies(cfg: RunConfig, sz: StateSizes) -> dict[ChoiceId, ChoicePolicy]:
+    """The run-time policies of the system's choices (none for most systems)."""
+    build = getattr(system_module(cfg.strategy.system), "choice_policies", None)
+    return {} if build is None else dict(build(cfg, sz))

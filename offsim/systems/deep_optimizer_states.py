@@ -1,0 +1,80 @@
+"""Deep Optimizer States (Maurya et al., Middleware 2024, arXiv 2410.21316).
+
+DeepSpeed ZeRO-3 with the optimizer on the CPU, plus two additions (the artifact's
+``part_grads_async`` and ``prefetch_optimizer``): gradients flushed to the host during backward
+(the ``overlap_grad_offload`` knob), and, each step, a performance model that picks host
+sub-groups whose fp32 state and gradient are moved to the GPU, updated there and moved back,
+interleaved with CPU Adam on the others.
+
+The split is this system's own mechanism argument: the optimizer's :class:`GpuSplit` (every
+sub-group's round trip through the GPU) and the step's run-time choice, decided by
+:class:`~offsim.plan.optimizer_split.PerfModelSplit` from the previous step's CPU rate and the GPU
+memory free then. ``optimizer_split: fixed`` is the same system without it (vanilla ZeRO-3 offload,
+the paper's baseline).
+"""
+
+from __future__ import annotations
+
+from offsim.config.run import RunConfig
+from offsim.core.enums import ChoiceId
+from offsim.engine.hooks import ChoicePolicy
+from offsim.mechanisms.cpu_optimizer import GpuSplit, StreamedGroup
+from offsim.plan.footprint import StateSizes
+from offsim.plan.optimizer_split import PerfModelSplit, SplitBytes, SplitRates
+from offsim.systems._compile import System
+from offsim.systems._parts import Ctx, build_ctx, gpu_adam_bpp, optimizer_dram_bpp, standard, subgroups, whole
+
+NOTE = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen when each step starts, from the "
+        "previous step's CPU rate and the GPU memory free then (Deep Optimizer States); the program shown is the "
+        "default option's, every sub-group on the CPU")
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard mechanisms, the CPU optimizer carrying the GPU split when it is on."""
+    c = build_ctx(cfg, sz)
+    if c.st.optimizer_split != "perf-model":
+        return standard(c)
+    return standard(c, gpu_split(c, subgroups(c)), (NOTE,))
+
+
+def choice_policies(cfg: RunConfig, sz: StateSizes) -> dict[ChoiceId, ChoicePolicy]:
+    """The split's run-time policy (none when the split is off)."""
+    if cfg.strategy.optimizer_split != "perf-model":
+        return {}
+    return {ChoiceId.OPTIMIZER_SPLIT: split_policy(cfg, sz)}
+
+
+def split_bytes(c: Ctx) -> SplitBytes:
+    """Bytes per parameter on each path of the split (:class:`~offsim.plan.optimizer_split.SplitBytes`)."""
+    pl = c.st.placement
+    hg, opt = c.sz.host_grad_bytes_per_param, c.sz.optimizer_bytes_per_param
+    return SplitBytes(h2d_gpu=opt + hg, d2h_gpu=opt + (c.bpp_param if pl.params != "gpu" else 0.0),
+                      hbm_gpu=gpu_adam_bpp(c), h2d_cpu=c.bpp_param if pl.params == "gpu" else 0.0,
+                      gpu_buffer=opt + hg)
+
+
+def gpu_split(c: Ctx, groups: list[float]) -> GpuSplit:
+    """Every host sub-group's round trip through the GPU (``groups``: parameters each), for the
+    step's run-time choice."""
+    sz, b, pinned = c.sz, split_bytes(c), c.st.pin_memory
+    hbm = c.cfg.hardware.gpu.hbm_bytes_per_s
+    streamed = []
+    for p in groups:
+        gather = c.collective(p * c.bpp_param * sz.dp, 1.0) if c.st.zero_stage in (1, 2) else None
+        streamed.append(StreamedGroup(whole(p * b.gpu_buffer),
+                                      c.paths.dma(True, whole(p * b.h2d_gpu), pinned), p * b.hbm_gpu / hbm,
+                                      c.paths.dma(False, whole(p * b.d2h_gpu), pinned), gather))
+    return GpuSplit(tuple(streamed))
+
+
+def split_policy(cfg: RunConfig, sz: StateSizes | None = None) -> PerfModelSplit:
+    """The split's run-time policy, starting from the profile's rates (CPU Adam also bound by DRAM)."""
+    c = build_ctx(cfg, sz)
+    hw, groups = cfg.hardware, subgroups(c)
+    cpu = min(hw.cpu.optimizer_params_per_s, hw.dram.bandwidth_bytes_per_s / optimizer_dram_bpp(c))
+    link, kind = hw.host_link, "pinned" if c.st.pin_memory else "pageable"
+    rates = SplitRates(cpu_params_per_s=cpu / c.sz.ranks_per_node,
+                       h2d_bytes_per_s=getattr(link.h2d, kind).peak_bytes_per_s,
+                       d2h_bytes_per_s=getattr(link.d2h, kind).peak_bytes_per_s,
+                       hbm_bytes_per_s=hw.gpu.hbm_bytes_per_s, duplex_efficiency=link.duplex_efficiency)
+    return PerfModelSplit(len(groups), groups[0], rates, split_bytes(c), 3 if c.st.optimizer_swap_pipeline else 1)
