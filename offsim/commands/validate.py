@@ -136,7 +136,7 @@ def _summary_lines(summary: Summary) -> list[str]:
              + f"; {len(summary.accepted_but_oom)} ran out of memory but accepted"
              + (f" ({', '.join(summary.accepted_but_oom)})" if summary.accepted_but_oom else "")]
     for o in summary.orderings:
-        verdict = "same order" if o.same else "WRONG order"
+        verdict = "same order" if o.same else "WRONG order" if o.discordant_pairs else "NOT JUDGED"
         detail = "" if o.same else (f"; inverted: {', '.join(f'{a} > {b}' for a, b in o.discordant_pairs)}"
                                     if o.discordant_pairs else f"; not judged: {', '.join(o.unjudged)}")
         lines.append(f"ordering {o.group}: {verdict} (measured fastest first: {' > '.join(o.measured_order)}){detail}")
