@@ -2,10 +2,12 @@
 
 For each strategy (every shipped one, or those given with ``-s``), the planner's peak of each
 memory tier (:func:`offsim.plan.footprint.footprint`: per GPU; pinned host, host and NVMe per
-node; start-up transients of pinning included) is checked against the profile's capacity. Those
-that fit are simulated (:func:`offsim.simulate`, the same iterations as ``offsim run``) and
-listed fastest first; those that do not fit are not simulated and follow with the tier, the need
-and the capacity. Under them, DeepSpeed's own estimator table for the same model
+node; start-up transients of pinning included) and the host's start-up peak while the model is
+loaded and the optimizer built (:func:`offsim.plan.startup.startup_peak`) are checked against
+the profile's capacity. Those that fit are simulated (:func:`offsim.simulate`, the same
+iterations as ``offsim run``) and listed fastest first; those that do not fit are not simulated
+and follow with the tier, the need and the capacity (where the simulation itself overflowed, the
+engine's level). Under them, DeepSpeed's own estimator table for the same model
 (:mod:`offsim.plan.ds_estimator`) and, per strategy that maps onto one of its lines, where offsim's
 figure differs and why: the estimator counts model states only.
 
@@ -48,6 +50,8 @@ wide = console if console.is_terminal else Console(width=170)  # logs and pipes:
 
 #: The tiers reported, with their labels; ``pfs`` only where the profile has one.
 TIER_LABELS = {"gpu": "GPU", "host_pinned": "pinned", "host": "host", "nvme": "NVMe", "pfs": "PFS"}
+#: The tiers whose start-up peak is reported (:mod:`offsim.plan.startup`).
+STARTUP_TIERS = ("host_pinned", "host")
 #: Items per tier listed as its largest.
 TOP_ITEMS = 3
 #: Footprint items that are model states (what DeepSpeed's estimator counts); the rest is not.
@@ -128,44 +132,101 @@ def assess(hw: Any, wl: Any, strategy: str, iterations: int, warmup: int) -> Ass
     The row's keys: ``strategy`` (as given), ``notes`` (what offsim ignored or approximated in a
     foreign strategy file), ``status`` (``fits``, ``does-not-fit``, ``cannot-run`` where the strategy
     does not combine with this hardware or workload), ``fits``, ``iteration_time_s`` and
-    ``tokens_per_s`` (null unless simulated), ``tiers`` (:func:`tier_report`),
-    ``simulated_peak_bytes``, ``reason`` (tier, need, capacity and text; null when it fits),
-    ``deepspeed`` (filled by :func:`fit_report`)."""
+    ``tokens_per_s`` (null unless simulated), ``tiers`` (:func:`tier_report`), ``startup``
+    (:func:`startup_report`: the host peak while the model is loaded and the optimizer built),
+    ``simulated_peak_bytes``, ``reason`` (tier, ``when``: ``training``, the start-up phase or
+    ``simulation``; need, capacity and text; null when it fits), ``deepspeed`` (filled by
+    :func:`fit_report`). A strategy fits when every tier fits in training and at start-up and
+    the simulation finds no overflow."""
     from offsim import make_run_config
     from offsim.api import resolve
     from offsim.errors import OffsimError
     from offsim.plan.footprint import footprint, state_sizes
-    from offsim.simulation import simulate_resolved
+    from offsim.plan.startup import startup_peak
 
     row: dict[str, Any] = {"strategy": strategy, "notes": [], "status": "cannot-run", "fits": False,
-                           "iteration_time_s": None, "tokens_per_s": None, "tiers": {}, "simulated_peak_bytes": None,
-                           "reason": None, "deepspeed": None}
+                           "iteration_time_s": None, "tokens_per_s": None, "tiers": {}, "startup": None,
+                           "simulated_peak_bytes": None, "reason": None, "deepspeed": None}
     try:
         cfg = resolve(make_run_config(hw, wl, strategy, iterations=iterations, warmup_iterations=warmup))
-        fp = footprint(cfg, state_sizes(cfg))
+        sz = state_sizes(cfg)
+        fp = footprint(cfg, sz)
     except OffsimError as exc:
-        row["reason"] = {"tier": None, "need_bytes": None, "capacity_bytes": None, "text": str(exc)}
+        row["reason"] = {"tier": None, "when": None, "need_bytes": None, "capacity_bytes": None, "text": str(exc)}
         return Assessment(row)
     row["notes"] = list(getattr(cfg, "notes", ()))
     row["tiers"] = tier_report(fp, hw.nvme is not None, hw.pfs is not None)
-    over = fp.first_overflow()
-    if over is not None:
-        tier = row["tiers"][over]
-        also = [t for t, rep in row["tiers"].items() if not rep["fits"] and t != over]
-        row["status"] = "does-not-fit"
-        row["reason"] = {"tier": over, "need_bytes": tier["peak_bytes"], "capacity_bytes": tier["capacity_bytes"],
-                         "also_over": also, "text": _overflow_text(over, row["tiers"], also)}
+    row["startup"] = startup_report(startup_peak(cfg, sz, fp), fp.capacity_bytes)
+    reason = _plan_overflow(row["tiers"], fp.first_overflow(), "training") \
+        or _plan_overflow(row["startup"]["tiers"], _first_over(row["startup"]["tiers"]), row["startup"]["phase"])
+    if reason is not None:
+        row.update(status="does-not-fit", reason=reason)
         return Assessment(row, cfg, fp)
+    _simulate_row(row, cfg)
+    return Assessment(row, cfg, fp)
+
+
+def _first_over(tiers: dict[str, dict[str, Any]]) -> str | None:
+    """The first tier of ``tiers`` over its capacity, or None."""
+    return next((tier for tier, rep in tiers.items() if not rep["fits"]), None)
+
+
+def _plan_overflow(tiers: dict[str, dict[str, Any]], over: str | None, when: str) -> dict[str, Any] | None:
+    """The reason of a planner's overflow of ``tiers`` (None when ``over`` is None): ``when`` is
+    ``training`` or the start-up phase."""
+    if over is None:
+        return None
+    also = [t for t, rep in tiers.items() if not rep["fits"] and t != over]
+    text = _overflow_text(over, tiers, also)
+    return {"tier": over, "when": when, "need_bytes": tiers[over]["peak_bytes"],
+            "capacity_bytes": tiers[over]["capacity_bytes"], "also_over": also,
+            "text": text if when == "training" else f"at start-up ({when}): {text}"}
+
+
+def _simulate_row(row: dict[str, Any], cfg: RunConfig) -> None:
+    """Simulate a configuration the planner says fits; fill its time and peaks, or the engine's
+    overflow (the tier, the level it reached and the capacity) as the reason it does not fit."""
+    from offsim.simulation import simulate_resolved
+
     m = simulate_resolved(cfg).metrics
     if not m.feasible:  # the engine met a peak the planner did not foresee
+        need, cap = _engine_overflow(cfg)
         tier = m.infeasible_tier or ""
-        cap = row["tiers"].get(tier, {}).get("capacity_bytes")
-        row.update(status="does-not-fit", reason={"tier": tier, "need_bytes": None, "capacity_bytes": cap,
+        if cap is None:
+            cap = row["tiers"].get(tier, {}).get("capacity_bytes")
+        row.update(status="does-not-fit", reason={"tier": tier, "when": "simulation", "need_bytes": need,
+                                                  "capacity_bytes": cap,
                                                   "text": f"while simulating: {m.infeasible_reason}"})
-        return Assessment(row, cfg, fp)
+        return
     row.update(status="fits", fits=True, iteration_time_s=m.iteration_time_s, tokens_per_s=m.tokens_per_s,
                simulated_peak_bytes=m.peak_bytes.model_dump())
-    return Assessment(row, cfg, fp)
+
+
+def _engine_overflow(cfg: RunConfig) -> tuple[float | None, float | None]:
+    """The engine's level and capacity where it overflowed (the run's :class:`InfeasibleError`):
+    the schedule is run again to catch it, since the run's metrics keep only its message."""
+    from offsim.errors import InfeasibleError
+    from offsim.plan.footprint import state_sizes
+    from offsim.simulation import run_schedule
+
+    try:
+        run_schedule(cfg, state_sizes(cfg))
+    except InfeasibleError as exc:
+        return exc.need_bytes, exc.capacity_bytes
+    return None, None
+
+
+def startup_report(peak: Any, capacity_bytes: dict[str, float]) -> dict[str, Any]:
+    """The start-up peak (:func:`offsim.plan.startup.startup_peak`) as reported: ``phase`` and,
+    per tier (``host_pinned``, ``host`` with pinned included; per node), ``peak_bytes``,
+    ``capacity_bytes``, ``fits`` and ``largest`` (the :data:`TOP_ITEMS` biggest items per rank)."""
+    tiers = {}
+    for tier in ("host_pinned", "host"):
+        top = sorted(peak.items[tier].items(), key=lambda kv: -kv[1])[:TOP_ITEMS]
+        need, cap = peak.need_bytes[tier], capacity_bytes[tier]
+        tiers[tier] = {"peak_bytes": need, "capacity_bytes": cap, "fits": need <= cap,
+                       "largest": [{"what": what, "bytes": nbytes} for what, nbytes in top]}
+    return {"phase": peak.phase, "tiers": tiers}
 
 
 def tier_report(fp: Any, with_nvme: bool, with_pfs: bool) -> dict[str, dict[str, Any]]:
@@ -214,7 +275,8 @@ def sort_assessments(found: list[Assessment]) -> list[Assessment]:
             t = row["iteration_time_s"]
             return 0, t if t is not None and math.isfinite(t) else math.inf, row["strategy"]
         if row["status"] == "does-not-fit":
-            return 1, max(_fill(rep) for rep in row["tiers"].values()), row["strategy"]
+            reps = [*row["tiers"].values(), *(row["startup"] or {"tiers": {}})["tiers"].values()]
+            return 1, max(_fill(rep) for rep in reps), row["strategy"]
         return 2, 0.0, row["strategy"]
 
     return sorted(found, key=lambda a: key(a.row))
@@ -305,12 +367,16 @@ def _print_strategies(rows: list[dict[str, Any]]) -> None:
     t.add_column("tokens/s", justify="right")
     for tier, rep in tiers.items():
         t.add_column(f"{TIER_LABELS[tier]} / {_gib(rep['capacity_bytes'])}", justify="right")
+    for tier in STARTUP_TIERS:
+        t.add_column(f"start-up {TIER_LABELS[tier]}", justify="right")
     t.add_column("fullest tier: largest items (GiB)")
     for row in rows:
         time = "-" if row["iteration_time_s"] is None else f"{row['iteration_time_s']:.4g}"
         speed = "-" if row["tokens_per_s"] is None else f"{row['tokens_per_s']:,.0f}"
         cells = [_tier_cell(row["tiers"].get(tier)) for tier in tiers]
-        t.add_row(escape(row["strategy"]), time, speed, *cells, escape(_fullest(row["tiers"])))
+        start = (row["startup"] or {"tiers": {}})["tiers"]
+        cells += [_tier_cell(start.get(tier)) for tier in STARTUP_TIERS]
+        t.add_row(escape(row["strategy"]), time, speed, *cells, escape(_fullest(row["tiers"], start)))
     wide.print(t)
 
 
@@ -321,14 +387,16 @@ def _tier_cell(rep: dict[str, Any] | None) -> str:
     return text if rep["fits"] else f"[red]{text}[/]"
 
 
-def _fullest(tiers: dict[str, dict[str, Any]]) -> str:
-    """The tier nearest its capacity and its two largest items."""
-    used = [(_fill(rep), tier) for tier, rep in tiers.items() if rep["capacity_bytes"] > 0]
+def _fullest(tiers: dict[str, dict[str, Any]], startup: dict[str, dict[str, Any]]) -> str:
+    """The tier nearest its capacity (in training or at start-up) and its two largest items."""
+    used = [(_fill(rep), TIER_LABELS[tier], rep) for tier, rep in tiers.items() if rep["capacity_bytes"] > 0]
+    used += [(_fill(rep), f"start-up {TIER_LABELS[tier]}", rep) for tier, rep in startup.items()
+             if rep["capacity_bytes"] > 0]
     if not used:
         return ""
-    share, tier = max(used)
-    items = ", ".join(f"{i['what']} {_gib(i['bytes'])}" for i in tiers[tier]["largest"][:2])
-    return f"{TIER_LABELS[tier]} {100 * share:.0f} %: {items}"
+    share, label, rep = max(used, key=lambda u: u[0])
+    items = ", ".join(f"{i['what']} {_gib(i['bytes'])}" for i in rep["largest"][:2])
+    return f"{label} {100 * share:.0f} %: {items}"
 
 
 def _print_estimator(est: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -356,8 +424,10 @@ def estimator_notes(rows: list[dict[str, Any]]) -> list[str]:
              "additional_buffer_factor, x 4 bytes x GPUs per node when loaded without zero.Init). offsim also "
              "counts activations, the gathered-parameter window, gradient and staging buffers, the CUDA "
              "reserve and start-up transients (pageable sources of pinned copies), and rounds pinned "
-             "host tensors up to powers of two as PyTorch's caching host allocator does; it does not model "
-             "loading the checkpoint (the estimator's zero_init=0 lines)."]
+             "host tensors up to powers of two as PyTorch's caching host allocator does. Its start-up peak "
+             "counts, as the estimator's zero_init=0 lines do, the fp32 model every rank builds without "
+             "zero.Init (ZeRO-1/2), and the fp32 master copy made from the 16-bit parameters and pinned by "
+             "copy (stage_1_and_2.py DeepSpeedZeroOptimizer.__init__; stage3.py _create_fp32_partitions)."]
     for row in rows:
         ds = row["deepspeed"]
         if ds is None:
