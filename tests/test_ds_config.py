@@ -186,3 +186,22 @@ def test_cli_ds_config(tmp_path: Path) -> None:
     result = runner.invoke(app, ["strategies", "--ds-config", "zero-offload-dpu", "-o", str(out)])
     assert result.exit_code == 0 and out.exists()
     assert "not expressible in a ds_config, left out: delayed_param_update" in result.stderr
+
+
+@pytest.mark.parametrize("name", [n for n, lost in ROUND_TRIP.items() if not lost])
+def test_cli_round_trip_export_then_run(name: str, tmp_path: Path) -> None:
+    """``offsim strategies --ds-config NAME -o FILE`` then ``offsim run -s FILE`` gives the run of
+    ``-s NAME``: the same time, peaks per tier and bytes per link (issue 17's round trip, through
+    the commands a user types)."""
+    out = tmp_path / f"{name}.json"
+    exported = runner.invoke(app, ["strategies", "--ds-config", name, "-o", str(out)])
+    assert exported.exit_code == 0, exported.output
+
+    def run(strategy: str) -> dict[str, object]:
+        result = runner.invoke(app, ["run", "-H", "tiny", "-w", "tiny", "-s", strategy, "--iterations", "2",
+                                     "--json", "-q"])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        return {key: doc[key] for key in ("iteration_time_s", "peak_bytes", "traffic_bytes")}
+
+    assert run(str(out)) == run(name)

@@ -531,7 +531,23 @@ def strategy_fields(settings: dict[str, Setting], given: set[str], source: str) 
     opt, par = _devices(v, stage, given, notes, source)
     fields = {**_placement_fields(v, opt, par, notes), **_stage_fields(v, stage, par, given, notes),
               **_optimizer_fields(v, stage, opt, given, notes, source), **_swap_buffer_fields(v, opt, par)}
+    fields["system"] = deepspeed_system(stage, opt, fields, bool(v[_OO + "super_offload"]))
     return fields, notes
+
+
+def deepspeed_system(stage: int, opt: str, fields: dict[str, Any], super_offload: bool) -> str:
+    """The offsim system (:mod:`offsim.systems`) of the DeepSpeed code path a ds_config selects:
+    ``superoffload`` (``offload_optimizer.super_offload``: SuperOffloadOptimizer_Stage3),
+    ``twin-flow`` (``offload_optimizer.ratio`` < 1), ``zero-infinity`` (stage 3 with an offload
+    device: zero/stage3.py), ``zero-offload`` (stages 1-2 with the optimizer offloaded:
+    zero/stage_1_and_2.py), else ``custom`` (no offload: the knobs in the standard order)."""
+    if opt == "none":
+        return "custom"
+    if super_offload:
+        return "superoffload"
+    if fields.get("optimizer_gpu_fraction", 0.0) > 0:
+        return "twin-flow"
+    return "zero-infinity" if stage == 3 else "zero-offload"
 
 
 def reading_from_ds_config(data: dict[str, Any], source: str, workload: Workload | None = None,
