@@ -2,13 +2,20 @@
 
 The engine writes to a :class:`Recorder`; sweeps that need only metrics still use one (spans are
 how the metrics are computed) but skip the DataFrame conversion.
+
+Records are kept in :class:`RecordLog` s. When the engine skips repetitions of a period that left
+the run in the state it found it (the steady-state shortcut, :mod:`offsim.engine.steady`), the log
+keeps the records of the period once and a :class:`Repeat` that stands for its copies: memory
+stays bounded by the periods simulated, iterating the log still gives every record, in the order
+a full simulation records them, and :meth:`RecordLog.window` gives only the records simulated (for
+a trace or a report).
 """
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, TypeVar, overload
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built, not by every run (issue 16)
     import pandas as pd
@@ -75,31 +82,188 @@ class CacheEvent:
     seconds: float = 0.0
 
 
-@dataclass
-class Recorder:
-    """Collects spans, level samples and iteration boundaries.
+T = TypeVar("T")
 
-    Level samples are kept as three columns (time in s, tier index, bytes; 17 bytes a sample
-    rather than a Python object of ~100) and read back as :class:`LevelSample` by :attr:`levels`.
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A point of a :class:`RecordLog`: records and repeats held before it."""
+
+    items: int
+    repeats: int
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """``times`` copies of the records between two marks, the copy ``j`` (1 to ``times``) shifted
+    by ``j * dt_s`` seconds and ``j * d_iteration`` iterations, standing at item ``at``.
+
+    Attributes:
+        at: where the copies stand among the items held (they follow the item before ``at``).
+        start / end: the template's marks (its items and the repeats inside it).
+        times: copies.
+        dt_s: the period, seconds.
+        d_iteration: iterations per period (0: the period is a micro-batch).
     """
 
-    spans: list[Span] = field(default_factory=list)
+    at: Mark
+    start: Mark
+    end: Mark
+    times: int
+    dt_s: float
+    d_iteration: int
+
+
+class RecordLog(Sequence[T]):
+    """Records in the order recorded, some held once for many copies (:class:`Repeat`).
+
+    Iterating, ``len``, indexing and ``==`` see every record (a copy is built when it is read);
+    :meth:`window` sees only those held. ``shift(record, dt_s, d_iteration)`` builds a copy.
+    """
+
+    def __init__(self, shift: Callable[[T, float, int], T], items: list[T] | None = None) -> None:
+        self.items: list[T] = items if items is not None else []
+        self.repeats: list[Repeat] = []
+        self.shift = shift
+
+    def append(self, item: T) -> None:
+        """Record one item."""
+        self.items.append(item)
+
+    def mark(self) -> Mark:
+        """The point reached."""
+        return Mark(len(self.items), len(self.repeats))
+
+    def repeat(self, start: Mark, times: int, dt_s: float, d_iteration: int) -> None:
+        """The records since ``start`` repeat ``times`` more times, here."""
+        if times > 0:
+            self.repeats.append(Repeat(self.mark(), start, self.mark(), times, dt_s, d_iteration))
+
+    def window(self) -> list[T]:
+        """The records held (those simulated), in order."""
+        return self.items
+
+    def _range(self, start: Mark, end: Mark, dt_s: float, d_iteration: int) -> Iterator[T]:
+        """The records from ``start`` to ``end``, shifted."""
+        item = start.items
+        for r in range(start.repeats, end.repeats):
+            rep = self.repeats[r]
+            yield from self._items(item, rep.at.items, dt_s, d_iteration)
+            item = rep.at.items
+            for j in range(1, rep.times + 1):
+                yield from self._range(rep.start, rep.end, dt_s + j * rep.dt_s, d_iteration + j * rep.d_iteration)
+        yield from self._items(item, end.items, dt_s, d_iteration)
+
+    def _items(self, first: int, last: int, dt_s: float, d_iteration: int) -> Iterator[T]:
+        if dt_s == 0.0 and d_iteration == 0:
+            yield from self.items[first:last]
+            return
+        shift = self.shift
+        for k in range(first, last):
+            yield shift(self.items[k], dt_s, d_iteration)
+
+    def __iter__(self) -> Iterator[T]:
+        if not self.repeats:
+            return iter(self.items)
+        return self._range(Mark(0, 0), self.mark(), 0.0, 0)
+
+    def weighted(self) -> Iterator[tuple[T, tuple[Repeat, ...]]]:
+        """Each record held, with the repeats whose template holds it (outermost last): its
+        copies are the sums of a multiple (0 to ``times``) of each one's shift
+        (:func:`copy_offsets`), for sums that need not build every copy."""
+        spans = [(rep.start.items, rep.end.items, rep) for rep in self.repeats]
+        for k, item in enumerate(self.items):
+            yield item, tuple(rep for first, last, rep in spans if first <= k < last)
+
+    def __len__(self) -> int:
+        return len(self.items) + sum(self._copies(r) for r in range(len(self.repeats)))
+
+    def _copies(self, r: int) -> int:
+        """Records the copies of repeat ``r`` add."""
+        rep = self.repeats[r]
+        inner = sum(self._copies(q) for q in range(rep.start.repeats, rep.end.repeats))
+        return rep.times * (rep.end.items - rep.start.items + inner)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if not self.repeats:
+            return self.items[index]
+        return list(self)[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordLog | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"RecordLog({len(self.items)} held, {len(self.repeats)} repeats)"
+
+
+def copy_offsets(chain: tuple[Repeat, ...]) -> dict[int, tuple[int, float, float]]:
+    """Per iteration shift, the copies a record of ``chain`` (:meth:`RecordLog.weighted`) has
+    there (itself included) and the least and most seconds they are shifted by."""
+    out: dict[int, tuple[int, float, float]] = {0: (1, 0.0, 0.0)}
+    for rep in chain:
+        new: dict[int, tuple[int, float, float]] = {}
+        steps = [(0, 0)] if rep.d_iteration == 0 else [(j, j * rep.d_iteration) for j in range(rep.times + 1)]
+        for d, (count, low_s, high_s) in out.items():
+            for j, di in steps:
+                n = count * (rep.times + 1) if rep.d_iteration == 0 else count
+                lo = low_s + j * rep.dt_s
+                hi = high_s + (rep.times if rep.d_iteration == 0 else j) * rep.dt_s
+                c0, l0, h0 = new.get(d + di, (0, lo, hi))
+                new[d + di] = (c0 + n, min(l0, lo), max(h0, hi))
+        out = new
+    return out
+
+
+def _shift_span(s: Span, dt_s: float, d_iteration: int) -> Span:
+    return replace(s, iteration=s.iteration + d_iteration, start_s=s.start_s + dt_s, end_s=s.end_s + dt_s)
+
+
+def _shift_level(s: LevelSample, dt_s: float, d_iteration: int) -> LevelSample:
+    return LevelSample(s.t_s + dt_s, s.tier, s.bytes)
+
+
+def _shift_cache(e: CacheEvent, dt_s: float, d_iteration: int) -> CacheEvent:
+    return replace(e, iteration=e.iteration + d_iteration)
+
+
+def _shift_phase(p: tuple[int, str, float, float], dt_s: float, d_iteration: int) -> tuple[int, str, float, float]:
+    return (p[0] + d_iteration, p[1], p[2] + dt_s, p[3] + dt_s)
+
+
+@dataclass
+class Recorder:
+    """Collects spans, level samples, cache events and iteration boundaries.
+
+    Each kind of record is a :class:`RecordLog`; :meth:`mark` and :meth:`repeat` act on all of
+    them at once (the steady-state shortcut). ``phases`` are the per-micro-batch phases of the
+    stream that records stalls, ``(iteration, phase, start_s, end_s)``.
+    """
+
+    spans: RecordLog[Span] = field(default_factory=lambda: RecordLog(_shift_span))
     iteration_starts_s: list[float] = field(default_factory=list)
     phases: list[tuple[int, str, float, float]] = field(default_factory=list)
     end_s: float = 0.0
-    cache_events: list[CacheEvent] = field(default_factory=list)
+    cache_events: RecordLog[CacheEvent] = field(default_factory=lambda: RecordLog(_shift_cache))
     cache_info: dict[str, dict] = field(default_factory=dict)
-    level_t_s: array = field(default_factory=lambda: array("d"), repr=False)
-    level_tier: array = field(default_factory=lambda: array("B"), repr=False)
-    level_bytes: array = field(default_factory=lambda: array("d"), repr=False)
-    tier_names: list[str] = field(default_factory=list, repr=False)
+    level_log: RecordLog[LevelSample] = field(default_factory=lambda: RecordLog(_shift_level), repr=False)
 
     @property
-    def levels(self) -> list[LevelSample]:
-        """The level samples in the order recorded (built on each call: read it once)."""
-        names = self.tier_names
-        return [LevelSample(t, names[i], b) for t, i, b in zip(self.level_t_s, self.level_tier, self.level_bytes,
-                                                                strict=True)]
+    def levels(self) -> RecordLog[LevelSample]:
+        """The level samples in the order recorded."""
+        return self.level_log
 
     def cache(self, event: CacheEvent) -> None:
         """Record one cache event."""
@@ -115,15 +279,18 @@ class Recorder:
 
     def level(self, t_s: float, tier: str, nbytes: float) -> None:
         """Record that ``tier`` holds ``nbytes`` from ``t_s`` (seconds) on."""
-        names = self.tier_names
-        try:
-            index = names.index(tier)
-        except ValueError:  # a tier's first sample
-            index = len(names)
-            names.append(tier)
-        self.level_t_s.append(t_s)
-        self.level_tier.append(index)
-        self.level_bytes.append(nbytes)
+        self.level_log.append(LevelSample(t_s, tier, nbytes))
+
+    def mark(self) -> tuple[Mark, Mark, Mark]:
+        """The point reached in the spans, cache events and levels."""
+        return self.spans.mark(), self.cache_events.mark(), self.level_log.mark()
+
+    def repeat(self, start: tuple[Mark, Mark, Mark], times: int, dt_s: float, d_iteration: int) -> None:
+        """What was recorded since ``start`` repeats ``times`` more times (each ``dt_s`` later
+        and ``d_iteration`` iterations on)."""
+        self.spans.repeat(start[0], times, dt_s, d_iteration)
+        self.cache_events.repeat(start[1], times, dt_s, d_iteration)
+        self.level_log.repeat(start[2], times, dt_s, d_iteration)
 
     def spans_frame(self) -> pd.DataFrame:
         """Spans as a DataFrame with :data:`SPAN_COLUMNS`."""
@@ -135,6 +302,6 @@ class Recorder:
         """Level samples as a DataFrame with :data:`LEVEL_COLUMNS`."""
         import pandas as pd
 
-        names = self.tier_names
-        return pd.DataFrame({"t_s": list(self.level_t_s), "tier": [names[i] for i in self.level_tier],
-                             "bytes": list(self.level_bytes)}, columns=LEVEL_COLUMNS)
+        levels = list(self.level_log)
+        return pd.DataFrame({"t_s": [lv.t_s for lv in levels], "tier": [lv.tier for lv in levels],
+                             "bytes": [lv.bytes for lv in levels]}, columns=LEVEL_COLUMNS)

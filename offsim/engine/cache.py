@@ -79,10 +79,13 @@ class Cache:
         sizes: bytes of every tensor.
         capacity_bytes: budget; ``inf`` for none.
         describe: names the op at a position, for messages.
+        keep_served: keep every access's outcome in ``counters.served`` (the engine does not:
+            its memory would grow with the run).
     """
 
     def __init__(self, name: str, policy: EvictionPolicy, sequence: Sequence[int], sizes: Mapping[int, float],
-                 capacity_bytes: float = math.inf, describe: Callable[[int], str] | None = None) -> None:
+                 capacity_bytes: float = math.inf, describe: Callable[[int], str] | None = None,
+                 keep_served: bool = True) -> None:
         self.name = name
         self.policy = policy
         self.sequence = tuple(sequence)
@@ -94,6 +97,7 @@ class Cache:
         self.pins: Counter[int] = Counter()
         self.used_bytes = 0.0
         self.counters = CacheCounters()
+        self.keep_served = keep_served
 
     # ------------------------------------------------------------ views
     def view(self, position: int) -> MemoryView:
@@ -150,7 +154,8 @@ class Cache:
         else:
             c.misses += 1
             c.bytes_fetched += fetched
-        c.served.append(served)
+        if self.keep_served:
+            c.served.append(served)
         return served
 
     def _make_room(self, position: int, size: float, due: bool) -> tuple[int, ...] | None:
@@ -190,6 +195,13 @@ class Cache:
         r = self.resident.pop(tensor)
         self.used_bytes -= r.size_bytes
         self.counters.bytes_evicted += r.size_bytes
+
+    def shift(self, delta: int) -> None:
+        """Positions of the residents ``delta`` later (the steady-state shortcut: the sequence
+        repeats with that period, so their next uses move with them)."""
+        for r in self.resident.values():
+            r.inserted_at += delta
+            r.last_use += delta
 
     def done(self, position: int) -> None:
         """The access at ``position`` has finished: unpin its tensor."""

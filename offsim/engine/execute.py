@@ -18,17 +18,19 @@ levels and cache events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
 
 from offsim.core.enums import Activity, CacheId, ChoiceId, Phase
+from offsim.engine.cursor import Cursor
 from offsim.engine.flows import Flow as NetFlow
 from offsim.engine.flows import FlowNetwork
 from offsim.engine.hooks import CachePolicy, ChoicePolicy, FetchTracker, PolicyCache
 from offsim.engine.memory import Memory
 from offsim.engine.node import Node
+from offsim.engine.steady import SteadyState
 from offsim.schedule.analysis import bind
 from offsim.schedule.ops import (
     CUR_MB,
@@ -42,7 +44,6 @@ from offsim.schedule.ops import (
     Flow,
     Flush,
     Free,
-    Instance,
     Join,
     Op,
     Prefetch,
@@ -124,38 +125,59 @@ class Executor:
         self.phases: dict[tuple[int, int, str], list[float]] = {}
         self.iterations = 0
         self.end_s = 0.0
+        self.events = 0
+        self.choices_taken = 0  # decisions a choice policy took (the shortcut skips no period with one)
+        self.cursor = Cursor(schedule.body)
+        self._end_ops: dict[int, Op] = {}
 
     # ------------------------------------------------------------ issue
-    def run(self) -> int:
-        """Run to the end; returns the events processed."""
-        for inst in self.schedule.instances():  # the access sequences, for policies that read ahead
-            for op in inst.block.ops:
-                if isinstance(op.body, Access):
-                    self.caches[op.body.cache].on_walk(inst.iteration, op.body.unit, self._where(op, inst))
-            self.iterations = max(self.iterations, inst.iteration + 1)
-        self._cursor = self._walk()
+    def run(self, steady_shortcut: bool = True) -> int:
+        """Run to the end; returns the events processed (those of skipped repetitions included).
+
+        ``steady_shortcut``: skip the repetitions of a period that left the run in the state it
+        found it (:mod:`offsim.engine.steady`); False simulates every one."""
+        self._walk_accesses()
+        steady = SteadyState(self) if steady_shortcut else None
         self._advance()
-        events = 0
+        cursor, step = self.cursor, self.env.step
         while True:
+            if cursor.crossed is not None:
+                frame, cursor.crossed = cursor.crossed, None
+                if steady is not None:
+                    steady.at_boundary(frame)
             try:
-                self.env.step()
+                step()
             except simpy.core.EmptySchedule:
                 break
-            events += 1
+            self.events += 1
         self._close()
-        return events
+        return self.events
 
-    def _walk(self) -> Iterator[tuple[Op, int, int, list[Node]]]:
+    def _walk_accesses(self) -> None:
+        """Give each cache its access sequences (for policies that read ahead), and count the
+        iterations."""
+        with_access: dict[int, bool] = {}
         for inst in self.schedule.instances():
-            nodes: list[Node] = []
-            for op in inst.block.ops:
-                yield op, inst.iteration, inst.micro_batch, nodes
+            self.iterations = max(self.iterations, inst.iteration + 1)
+            block = inst.block
+            has = with_access.get(id(block))
+            if has is None:
+                has = with_access[id(block)] = any(isinstance(op.body, Access) for op in block.ops)
+            if not has:
+                continue
+            for op in block.ops:
+                if isinstance(op.body, Access):
+                    self.caches[op.body.cache].on_walk(inst.iteration, op.body.unit,
+                                                       self._where(op, inst.iteration, inst.micro_batch))
 
     def _advance(self) -> None:
         """Issue ops in program order up to the next op of the main stream that has not finished:
         the main stream is the program counter (what follows it is issued when it is done)."""
-        for op, iteration, micro_batch, nodes in self._cursor:
-            node = Node(op, iteration, micro_batch, str(op.tag.phase))
+        cursor = self.cursor
+        for op in cursor:
+            micro_batch = cursor.micro_batch
+            node = Node(op, cursor.iteration, micro_batch, str(op.tag.phase))
+            nodes = cursor.nodes
             nodes.append(node)
             self._issue(node, [nodes[a] for a in op.after], micro_batch)
             if op.stream is not None and op.stream == self.main and not node.finished:
@@ -242,7 +264,11 @@ class Executor:
             nodes.append(node)
             self._issue(node, [nodes[a] for a in op.after] + (after if not op.after else []), origin.micro_batch,
                         stream_last)
-        end = Node(Op(-1, Join(), block.ops[0].tag), origin.iteration, origin.micro_batch, origin.phase)
+        end_op = self._end_ops.get(id(block))
+        if end_op is None:  # one per program, so that a program's end is the same op each time
+            end_op = self._end_ops[id(block)] = Op(-1, Join(), block.ops[0].tag)
+        end = Node(end_op, origin.iteration, origin.micro_batch, origin.phase)
+        end.head_s = self.env.now
         self._wait_all(end, nodes, lambda: self._finish(end))
         return nodes, end
 
@@ -254,14 +280,15 @@ class Executor:
         assert spec is not None, f"no spec for choice {body.choice}"
         policy = self.choice_policies.get(body.choice)
         option = spec.default if policy is None else policy.choose(node.iteration, self.memory.gpu_free_bytes())
+        if policy is not None:
+            self.choices_taken += 1
         nodes, end = self._run_program(spec.program(body.variant, option), node, [], {})
         last = next((n for n in reversed(nodes) if n.op.stream == node.op.stream), None)
         if policy is not None and last is not None:
-            start_s = self.env.now
             if last.finished:
                 policy.observe(option, 0.0)
-            else:
-                last.waiters.append(lambda: policy.observe(option, self.env.now - start_s))
+            else:  # the op started now: its start is the program's
+                last.waiters.append(lambda: policy.observe(option, self.env.now - node.start_s))
         self._wait_all(node, [end], lambda: self._finish(node))
 
     # ------------------------------------------------------------ start and finish
@@ -353,10 +380,10 @@ class Executor:
     def _label(self, node: Node) -> str:
         return self._unit(node.op)
 
-    def _where(self, op: Op, inst: Instance) -> str:
+    def _where(self, op: Op, iteration: int, micro_batch: int) -> str:
         """An op instance, for messages: "forward block3, micro-batch 0, iteration 1"."""
-        mb = f", micro-batch {inst.micro_batch}" if inst.micro_batch >= 0 else ""
-        return f"{op.tag.phase} {self._unit(op)}{mb}, iteration {inst.iteration}"
+        mb = f", micro-batch {micro_batch}" if micro_batch >= 0 else ""
+        return f"{op.tag.phase} {self._unit(op)}{mb}, iteration {iteration}"
 
     def _what(self, node: Node) -> str:
         """The span name: the layer and the op's label, or the unit and what its activity moves."""

@@ -115,6 +115,13 @@ def fair_rates(flows: list[Flow], capacity: dict[str, float]) -> dict[Flow, floa
     return rates
 
 
+class WakeToken:
+    """Names one wake-up of the network; a wake-up whose token is not the network's current one
+    was superseded by a later start or end, and does nothing."""
+
+    __slots__ = ()
+
+
 class FlowNetwork:
     """Shared resources and the flows over them, on a SimPy clock.
 
@@ -139,7 +146,7 @@ class FlowNetwork:
         self.on_finish = on_finish
         self.flows: list[Flow] = []
         self._last_s = 0.0
-        self._generation = 0
+        self.wake_token = WakeToken()  # the wake-up that is live (the others were superseded)
 
     def start(self, size_bytes: float, usage: dict[str, float], cap_bytes_per_s: float,
               meta: dict[str, Any]) -> simpy.Event:
@@ -177,7 +184,7 @@ class FlowNetwork:
         return self.capacity_rule(busy, self.capacity)
 
     def _rebalance(self) -> None:
-        self._generation += 1
+        token = self.wake_token = WakeToken()
         if not self.flows:  # nothing to share and nothing to wake for
             return
         rates = fair_rates(self.flows, self._capacities())
@@ -188,11 +195,10 @@ class FlowNetwork:
             if f.rate_bytes_per_s > 0:
                 horizon = min(horizon, max(0.0, f.remaining_bytes) / f.rate_bytes_per_s)
         if horizon < math.inf:
-            gen = self._generation
-            self.env.timeout(horizon).callbacks.append(lambda _ev: self._wake(gen))
+            self.env.timeout(horizon).callbacks.append(lambda _ev: self._wake(token))
 
-    def _wake(self, generation: int) -> None:
-        if generation != self._generation:
+    def _wake(self, token: WakeToken) -> None:
+        if token is not self.wake_token:
             return
         self._advance()
         finished = [f for f in self.flows if f.remaining_bytes <= max(1e-6, _EPS * f.size_bytes)]
@@ -202,6 +208,12 @@ class FlowNetwork:
         for f in finished:
             self._finish(f)
         self._rebalance()
+
+    def shift(self, dt_s: float) -> None:
+        """Move the flows in progress ``dt_s`` seconds later (the steady-state shortcut)."""
+        self._last_s += dt_s
+        for f in self.flows:
+            f.start_s += dt_s
 
     def _finish(self, flow: Flow) -> None:
         flow.remaining_bytes = 0.0

@@ -93,9 +93,33 @@ class PolicyCache:
             cap = math.inf if self.spec.capacity_bytes is None else self.spec.capacity_bytes
             where = self.where[key]
             self.cache = Cache(str(self.spec.id), self.policy.eviction, self.sequences[key], self.spec.unit_bytes, cap,
-                               lambda p: f"op {p} ({where[p]})")
+                               lambda p: f"op {p} ({where[p]})", keep_served=False)
             self.cache_key, self.issued = key, 0
         return self.cache
+
+    # ------------------------------------------------------------ the steady-state shortcut
+    def shift_positions(self, key: int, delta: int, nodes: list[Node]) -> None:
+        """Move the positions of sequence ``key`` on by ``delta`` accesses (the accesses of the
+        repetitions skipped): the count issued, the residents' and the open accesses' positions,
+        and those of the access ops in ``nodes``."""
+        self.counters[key] = self.counters.get(key, 0) + delta
+        if self.cache is not None and self.cache_key == key:
+            self.issued += delta
+            self.cache.shift(delta)
+        self.open = {unit: deque(p + delta for p in q) for unit, q in self.open.items()}
+        for n in nodes:
+            n.position += delta
+
+    def shift_iterations(self, first: int, times: int) -> None:
+        """Iterations from ``first`` on become ``times`` later (the iterations skipped)."""
+        self.iteration += times if self.iteration >= first else 0
+        if self.spec.persistent:
+            return
+        self.counters = {k + (times if k >= first else 0): n for k, n in self.counters.items()}
+        if self.cache is not None and self.cache_key >= first:
+            self.cache_key += times
+            where = self.where[self.cache_key]
+            self.cache.describe = lambda p: f"op {p} ({where[p]})"
 
     # ------------------------------------------------------------ hooks
     def access(self, node: Node) -> None:

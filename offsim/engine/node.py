@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ class Node:
         finished: it has run.
         waiters: called (once each) when it finishes.
         head_s: when its stream let it go (its stream predecessor finished), seconds.
-        start_s: when it started, seconds.
+        start_s: when it started, seconds (-inf: not started).
         position: an access's position in its cache's sequence (-1: not an access).
     """
 
@@ -47,7 +48,7 @@ class Node:
         self.finished = False
         self.waiters: list[Callable[[], None]] = []
         self.head_s = 0.0
-        self.start_s = 0.0
+        self.start_s = -math.inf
         self.position = -1
         self.stream_pred: Node | None = None
         self.request: tuple[Any, Any] | None = None  # (queue, slot) it holds while it runs

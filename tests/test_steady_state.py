@@ -1,0 +1,137 @@
+"""The steady-state shortcut (issue 16) gives the metrics of the full simulation.
+
+Each case runs twice, with the shortcut and without it (``run_schedule(..., steady_shortcut=False)``),
+and compares the metrics as :func:`offsim.simulate` builds them (the run metrics and the per-cache
+statistics): times and other floats to 1e-9 relative, peaks, cache counts and everything else
+exactly. The records behind them (spans, cache events, level samples) are compared too, record by
+record, since the trace, the report and ``offsim compare`` read them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from offsim import load_profile, load_strategy, load_workload, make_run_config
+from offsim.api import resolve
+from offsim.cache_stats import cache_stats
+from offsim.config.run import RunConfig
+from offsim.errors import InfeasibleError
+from offsim.metrics import steady_iterations, summarize
+from offsim.plan.footprint import check_fit, state_sizes
+from offsim.simulation import run_schedule
+from offsim.trace import Recorder
+
+STRATEGIES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "strategies").glob("*.yaml"))
+REL = 1e-9
+
+
+def _run(cfg: RunConfig, shortcut: bool) -> tuple[dict[str, Any], Recorder, int] | None:
+    """Metrics (run and caches), the recorder and the events of ``cfg``; None if it does not fit."""
+    try:
+        cfg = resolve(cfg)
+        sz = state_sizes(cfg)
+        check_fit(cfg, sz)
+        rec, peaks, events = run_schedule(cfg, sz, steady_shortcut=shortcut)
+    except InfeasibleError:
+        return None
+    metrics = summarize(cfg, rec, peaks).model_dump()
+    metrics["cache"] = {k: v.model_dump() for k, v in cache_stats(rec, steady_iterations(cfg, rec)[0]).items()}
+    return metrics, rec, events
+
+
+def _differences(expected: Any, actual: Any, path: str = "") -> list[str]:
+    """Floats to :data:`REL` (exact zeros stay exact), everything else exactly."""
+    if isinstance(expected, dict):
+        if set(expected) != set(actual):
+            return [f"{path}: keys {sorted(expected)} != {sorted(actual)}"]
+        return [d for k in expected for d in _differences(expected[k], actual[k], f"{path}/{k}")]
+    if isinstance(expected, list | tuple):
+        if len(expected) != len(actual):
+            return [f"{path}: length {len(expected)} != {len(actual)}"]
+        return [d for i, (e, a) in enumerate(zip(expected, actual, strict=True))
+                for d in _differences(e, a, f"{path}[{i}]")]
+    if isinstance(expected, float) and isinstance(actual, float) and math.isclose(expected, actual, rel_tol=REL):
+        return []
+    return [] if expected == actual else [f"{path}: {expected!r} != {actual!r}"]
+
+
+def _records(rec: Recorder) -> list[Any]:
+    return [list(map(_fields, rec.spans)), list(map(_fields, rec.cache_events)), list(map(_fields, rec.levels)),
+            sorted(rec.phases), rec.iteration_starts_s, rec.end_s]
+
+
+def _fields(record: Any) -> tuple[Any, ...]:
+    return tuple(getattr(record, f) for f in record.__slots__)
+
+
+def assert_same(cfg: RunConfig, *, records: bool = True) -> bool:
+    """Shortcut and full simulation agree on ``cfg``; returns whether the shortcut skipped anything."""
+    full, fast = _run(cfg, False), _run(cfg, True)
+    assert (full is None) == (fast is None)
+    if full is None or fast is None:
+        return False
+    diffs = _differences(full[0], fast[0])
+    assert not diffs, "\n".join(diffs[:20])
+    # SimPy events are no metric: two flows that end in one instant take one wake-up, one ulp
+    # apart two, and a shifted clock rounds differently; the count agrees to that
+    assert abs(full[2] - fast[2]) <= 1e-3 * full[2], ("events", full[2], fast[2])
+    if records:
+        diffs = _differences(_records(full[1]), _records(fast[1]))
+        assert not diffs, "\n".join(diffs[:20])
+    return len(fast[1].spans.window()) < len(full[1].spans.window())
+
+
+def _with(workload: str, **training: int) -> Any:
+    wl = load_workload(workload)
+    return wl.model_copy(update={"training": wl.training.model_copy(update=training)})
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_on_tiny(strategy: str) -> None:
+    assert_same(make_run_config("tiny", _with("tiny", grad_accumulation=6), strategy, iterations=7))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_on_a_7b_model(strategy: str) -> None:
+    assert_same(make_run_config("rtx4090-pcie4-ws", _with("llama2-7b", grad_accumulation=5), strategy, iterations=6),
+                records=False)
+
+
+def test_the_shortcut_is_taken_where_it_pays() -> None:
+    """Iterations of the 175B NVMe case, and the middle micro-batches of gradient accumulation."""
+    assert assert_same(make_run_config("dgx2-v100", "gpt3-175b", "zero-infinity-nvme", iterations=8), records=False)
+    assert assert_same(make_run_config("rtx4090-pcie4-ws", _with("llama2-7b", grad_accumulation=40), "zero-offload",
+                                       iterations=4))
+
+
+@hs.composite
+def configs(draw: Any) -> RunConfig:
+    """A random small model, accumulation steps and iterations, on tiny, with a shipped strategy."""
+    wl = load_workload("tiny")
+    heads = draw(hs.sampled_from([4, 8]))
+    model = wl.model.model_copy(update={
+        "layers": draw(hs.integers(1, 6)), "hidden": heads * draw(hs.sampled_from([32, 64, 128])),
+        "heads": heads, "ffn_hidden": draw(hs.sampled_from([512, 1024, 2048])),
+    })
+    training = wl.training.model_copy(update={
+        "seq_len": draw(hs.sampled_from([128, 256, 512])), "micro_batch": draw(hs.integers(1, 2)),
+        "grad_accumulation": draw(hs.integers(1, 9)), "activation_checkpointing": draw(hs.booleans()),
+    })
+    strategy = load_strategy(draw(hs.sampled_from(STRATEGIES)))
+    iterations = draw(hs.integers(2, 9))
+    workload = wl.model_copy(update={"model": model, "training": training})
+    return RunConfig(hardware=load_profile("tiny"), workload=workload, strategy=strategy, iterations=iterations,
+                     warmup_iterations=draw(hs.integers(0, 1)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs())
+def test_random_models_iterations_and_accumulation(cfg: RunConfig) -> None:
+    assert_same(cfg)
