@@ -108,3 +108,50 @@ def test_fit_with_a_ds_config(times: dict[str, float]) -> None:
     doc = _json("fit", "-H", HW, "-w", WL, "-s", DS_BATCH, *RUN)
     (row,) = doc["strategies"]
     assert row["fits"] and row["iteration_time_s"] == pytest.approx(times[DS_BATCH], rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- sweep
+def _sweep(tmp_path: Path, spec: dict, *extra: str):
+    import yaml
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out"), "--workers", "1", "--quiet",
+                               "--no-figures", *extra])
+
+
+def test_sweep_strategy_axis_and_base_with_ds_configs(tmp_path: Path, times: dict[str, float]) -> None:
+    """The base strategy a ds_config (accumulation 8) and the strategy axis over files and a
+    shipped name: each point is ``offsim run`` of its own strategy; a point that swaps the base
+    file for another gets the workload's own batch back."""
+    import pandas as pd
+
+    spec = {"name": "files", "base": {"hardware": HW, "workload": WL, "strategy": DS_BATCH, "iterations": 2,
+                                      "warmup_iterations": 1},
+            "grid": {"strategy": [DS_BATCH, HF_AUTO, "zero-offload"]}}
+    result = _sweep(tmp_path, spec)
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "out" / "results.csv").set_index("strategy")["iteration_time_s"]
+    assert rows[DS_BATCH] == pytest.approx(times[DS_BATCH], rel=1e-9)
+    assert rows[HF_AUTO] == pytest.approx(times[HF_AUTO], rel=1e-9)
+    assert rows["zero-offload"] == pytest.approx(_time("zero-offload"), rel=1e-9)
+
+
+def test_sweep_field_axis_over_a_ds_config_base(tmp_path: Path, times: dict[str, float]) -> None:
+    import pandas as pd
+
+    spec = {"name": "base-file", "base": {"hardware": HW, "workload": WL, "strategy": DS_BATCH, "iterations": 2,
+                                          "warmup_iterations": 1},
+            "grid": {"strategy.pin_memory": [True]}}
+    result = _sweep(tmp_path, spec)
+    assert result.exit_code == 0, result.output
+    (time,) = pd.read_csv(tmp_path / "out" / "results.csv")["iteration_time_s"]
+    assert time == pytest.approx(times[DS_BATCH], rel=1e-9)
+
+
+def test_sweep_refuses_a_workload_axis_that_reads_the_file_differently(tmp_path: Path) -> None:
+    spec = {"name": "auto", "base": {"hardware": HW, "workload": WL, "strategy": HF_AUTO},
+            "grid": {"workload": [WL, "llama2-7b"]}}
+    result = _sweep(tmp_path, spec)
+    assert result.exit_code == 2
+    assert "read differently with workload 'llama2-7b'" in result.output

@@ -32,7 +32,7 @@ import copy
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -203,6 +203,19 @@ class Library:
     """
 
     items: Mapping[str, Mapping[str, dict[str, Any]]]
+    #: Per strategy file of DeepSpeed, Accelerate or Megatron-Core (by name as written), the
+    #: workload fields it sets (``{"training": {...}, "precision": {...}}``), as ``offsim run``
+    #: applies them (:func:`offsim.config.run.apply_strategy_file`).
+    workload_sets: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    #: The base strategy's name as written in the spec (its workload fields are already in the
+    #: base workload; they apply to a swapped-in workload too).
+    base_strategy: str = ""
+    #: The base workload's own values of the fields the base strategy's file sets (put back when
+    #: a point swaps the strategy but not the workload).
+    base_workload_unset: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Workload dicts with a file's fields merged, by (the swapped-in workload's name, or "" for
+    #: the base; the strategy's name): the same dict for every point, so that it is validated once.
+    merged: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def get(self, kind: str, name: str, axis: str) -> dict[str, Any]:
         """The dict of ``name``; a name the parent did not resolve is an :class:`OverrideError`."""
@@ -351,9 +364,40 @@ def apply_overrides(
     # copy-on-write: a touched section is a shallow copy, and every change copies the mappings on
     # its path, so the (shared) base and library dicts are never modified
     sections = {s: (dict(d) if s in touched else d) for s, d in base.items()}
+    swapped = False
     for axis in axes:
+        if axis.priority > 0 and not swapped:
+            _apply_strategy_file(sections, overrides, lib)
+            swapped = True
         apply_one(sections, axis, overrides[axis.key], lib)
+    if not swapped:
+        _apply_strategy_file(sections, overrides, lib)
     return sections
+
+
+def _apply_strategy_file(sections: dict[str, dict[str, Any]], overrides: Mapping[str, Any], lib: Library) -> None:
+    """After the swaps, before the field axes: the batch and precision the point's strategy file
+    sets, written into its workload as ``offsim run`` does (a field axis on the workload still
+    wins). The base workload already has the base strategy's; a point that swaps the strategy
+    alone gets the base workload's own values back first."""
+    if "strategy" not in overrides and "workload" not in overrides:
+        return
+    name = overrides.get("strategy", lib.base_strategy)
+    if not isinstance(name, str):
+        return
+    sets = dict(lib.workload_sets.get(name, {}))
+    if "workload" not in overrides and name != lib.base_strategy:
+        sets = {part: {**lib.base_workload_unset.get(part, {}), **sets.get(part, {})}
+                for part in {*sets, *lib.base_workload_unset}}
+    if not any(sets.values()):
+        return
+    key = (str(overrides.get("workload", "")), name)
+    if key not in lib.merged:
+        workload = dict(sections["workload"])
+        for part, fields in sets.items():
+            workload[part] = {**workload[part], **fields}
+        lib.merged[key] = workload
+    sections["workload"] = lib.merged[key]
 
 
 # ----------------------------------------------------------------------------- validating

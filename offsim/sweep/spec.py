@@ -45,8 +45,11 @@ from offsim.config.loading import (
     load_profile,
     load_strategy,
     load_workload,
+    read_strategy,
     read_yaml,
 )
+from offsim.config.reading import Reading
+from offsim.config.workload import Workload
 from offsim.errors import ConfigError
 from offsim.sweep.overrides import (
     SECTION_MODELS,
@@ -206,7 +209,8 @@ def point_id(overrides: Mapping[str, Any], lib: Library) -> str:
     refs = {}
     for key, value in overrides.items():
         for kind, name in library_refs(resolve_axis(key), value):
-            refs[f"{kind}:{name}"] = _digest(lib.items[kind][name])
+            refs[f"{kind}:{name}"] = _digest([lib.items[kind][name], lib.workload_sets.get(name, {})]
+                                             if kind == "strategy" else lib.items[kind][name])
     return _digest({"overrides": dict(overrides), "refs": refs})
 
 
@@ -225,6 +229,48 @@ def _load_section(kind: str, name: str, base_dir: Path | None, what: str) -> dic
         return _LOADERS[kind](_resolve_name(name, base_dir)).model_dump()
     except ConfigError as exc:
         raise ConfigError(f"{what}: {exc}") from None
+
+
+def _read_strategy_file(name: str, base_dir: Path | None, workload: Workload, what: str) -> Reading:
+    """A strategy read as ``offsim run`` reads it: a DeepSpeed, Accelerate or Megatron-Core file
+    with the workload (``"auto"`` from the model, the batch keys checked against its data
+    parallelism)."""
+    try:
+        return read_strategy(_resolve_name(name, base_dir), workload)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+def _file_sets(reading: Reading) -> dict[str, dict[str, Any]]:
+    """The workload fields a foreign strategy file sets (none for an offsim strategy)."""
+    if reading.fmt == "offsim":
+        return {}
+    return {part: dict(fields) for part, fields in (("training", reading.training),
+                                                    ("precision", reading.precision)) if fields}
+
+
+def _strategy_files(strategies: list[tuple[str, str]], workloads: list[str], base_dir: Path | None,
+                    base_wl: Workload) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
+    """Each strategy ``(name, what)`` as a section dict and the workload fields its file sets,
+    read with the base workload. A file whose reading depends on the workload (its ``"auto"``
+    values, its batch keys against the data parallelism) is refused beside a workload axis whose
+    values read it differently: the sweep would apply one reading to every workload."""
+    items: dict[str, dict[str, Any]] = {}
+    sets: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, what in strategies:
+        reading = _read_strategy_file(name, base_dir, base_wl, what)
+        items[name] = reading.strategy.model_dump()
+        if reading.fmt == "offsim":
+            continue
+        sets[name] = _file_sets(reading)
+        for wl_name in workloads:
+            other = _read_strategy_file(name, base_dir, load_workload(_resolve_name(wl_name, base_dir)), what)
+            if other.strategy.model_dump() != items[name] or _file_sets(other) != sets[name]:
+                raise ConfigError(
+                    f"{what}: {name} is read differently with workload {wl_name!r} than with the base workload "
+                    "(its \"auto\" values or batch keys depend on the model); sweep one workload with it, or "
+                    "write numbers in the file")
+    return items, sets
 
 
 def _check_conflicts(axes: list[Axis]) -> None:
@@ -316,7 +362,8 @@ def build_plan(
 ) -> SweepPlan:
     """Validate ``spec`` against the models and expand it into points."""
     b = spec.base
-    base = {k: _load_section(k, getattr(b, k), base_dir, f"{source}: base.{k}") for k in SECTION_MODELS}
+    base = {k: _load_section(k, getattr(b, k), base_dir, f"{source}: base.{k}") for k in SECTION_MODELS
+            if k != "strategy"}
     base["run"] = {"iterations": b.iterations, "warmup_iterations": b.warmup_iterations}
     keys = list(spec.grid)
     for p in spec.points:
@@ -343,13 +390,25 @@ def build_plan(
         raise ConfigError(f"{source}: set: {exc}") from None
     items: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in SECTION_MODELS}
     wanted = [(a, v) for a in axes for v in values[a.key]] + [(a, spec.set[a.key]) for a in fixed]
+    strategies = [(b.strategy, f"{source}: base.strategy")]
     for axis, value in wanted:
         for kind, name in library_refs(axis, value):
-            if name not in items[kind]:
-                items[kind][name] = _load_section(
-                    kind, name, base_dir, f"{source}: axis '{axis.key}' = {name!r}"
-                )
-    lib = Library(items)
+            what = f"{source}: axis '{axis.key}' = {name!r}"
+            if kind == "strategy":
+                strategies.append((name, what))
+            elif name not in items[kind]:
+                items[kind][name] = _load_section(kind, name, base_dir, what)
+    base_wl = load_workload(_resolve_name(b.workload, base_dir))
+    swapped_workloads = [name for kind, name in
+                         (ref for a, v in wanted for ref in library_refs(a, v)) if kind == "workload"]
+    strategy_items, sets = _strategy_files(list(dict.fromkeys(strategies)), swapped_workloads, base_dir, base_wl)
+    base["strategy"] = dict(strategy_items[b.strategy])
+    items["strategy"].update(strategy_items)
+    base_sets = sets.get(b.strategy, {})
+    unset = {part: {k: base["workload"][part][k] for k in fields} for part, fields in base_sets.items()}
+    for part, fields in base_sets.items():
+        base["workload"] = {**base["workload"], part: {**base["workload"][part], **fields}}
+    lib = Library(items, workload_sets=sets, base_strategy=b.strategy, base_workload_unset=unset)
     base = _apply_fixed(base, spec.set, lib, source)
     for axis in axes:
         for value in values[axis.key]:
