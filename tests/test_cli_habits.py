@@ -37,7 +37,10 @@ EXPECTED = {
     "compare": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
     "rok": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
     "fit": [*CONFIG, "-s", "--strategy", *SHARED],
+    "schedule": [*CONFIG, "-s", "--strategy", "--json"],
 }
+#: Commands that simulate a number of optimizer steps: the same option for it in each.
+ITERATIONS = ["run", "report", "tune", "compare", "rok", "fit", "schedule"]
 
 
 def _names() -> list[str]:
@@ -59,7 +62,13 @@ def test_help_lists_the_shared_options(command: str) -> None:
 
 
 def test_every_command_is_checked() -> None:
-    assert set(_names()) - set(EXPECTED) <= {"schema", "version", "schedule"}
+    assert set(_names()) - set(EXPECTED) <= {"schema", "version"}
+
+
+@pytest.mark.parametrize("command", ITERATIONS)
+def test_iterations_option_is_the_same_everywhere(command: str) -> None:
+    text = " ".join(_help(command).replace("│", " ").split())  # rich's table wraps long help lines
+    assert re.search(r"--iterations\b", text) and "optimizer steps to simulate" in text
 
 
 @pytest.mark.parametrize("command", ["run", "report", "size", "tune", "validate", "compare", "rok", "fit"])
