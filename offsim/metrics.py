@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from pydantic import BaseModel, Field
 
 from offsim.cache_stats import CacheStats
 from offsim.config.run import RunConfig
 from offsim.plan.model import model_flop_per_iteration
-from offsim.trace import Recorder
+from offsim.trace import Recorder, Span, copy_offsets
 
 LINKS = ("h2d", "d2h", "nvme_read", "nvme_write")
 EXTRA_LINKS = ("gpu_link", "dram_copy", "pfs_read", "pfs_write")
@@ -92,26 +94,9 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
     for it, name, start, end in rec.phases:
         if it in steady:
             phases[name] += (end - start) / n
-    traffic = dict.fromkeys(LINKS + EXTRA_LINKS, 0.0)
-    busy = stall = cpu_busy = 0.0
-    recomputed: dict[int, float] = {}  # layer index -> forward passes repeated per iteration
-    step_bounds: dict[int, list[float]] = {}
-    for s in rec.spans:
-        if s.iteration not in steady:
-            continue
-        if s.resource in traffic:
-            traffic[s.resource] += s.bytes / n
-        elif s.resource == "gpu":
-            busy += (s.end_s - s.start_s) / n
-            if s.kind == "recompute":
-                recomputed[s.layer] = recomputed.get(s.layer, 0.0) + 1.0 / n
-        elif s.resource == "gpu_stall":
-            stall += (s.end_s - s.start_s) / n
-        elif s.resource == "cpu":
-            cpu_busy += (s.end_s - s.start_s) / n
-        if s.phase == "optimizer":
-            b = step_bounds.setdefault(s.iteration, [s.start_s, s.end_s])
-            b[0], b[1] = min(b[0], s.start_s), max(b[1], s.end_s)
+    sums = _span_sums(rec, steady, n)
+    traffic, recomputed, step_bounds = sums.traffic, sums.recomputed, sums.step_bounds
+    busy, stall, cpu_busy = sums.busy_s, sums.stall_s, sums.cpu_busy_s
     wl = cfg.workload
     model_flop = model_flop_per_iteration(wl)
     recompute = _recompute_flop(cfg, recomputed)
@@ -131,6 +116,53 @@ def summarize(cfg: RunConfig, rec: Recorder, peaks: dict[str, float]) -> RunMetr
         traffic_bytes=Traffic(**traffic),
         iteration_times_s=times,
     )
+
+
+@dataclass
+class _SpanSums:
+    """Per-iteration averages over the steady iterations, from the spans."""
+
+    traffic: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LINKS + EXTRA_LINKS, 0.0))
+    busy_s: float = 0.0
+    stall_s: float = 0.0
+    cpu_busy_s: float = 0.0
+    recomputed: dict[int, float] = field(default_factory=dict)  # layer -> forward passes repeated
+    step_bounds: dict[int, list[float]] = field(default_factory=dict)  # iteration -> optimizer [start, end]
+
+
+def _span_sums(rec: Recorder, steady: set[int], n: int) -> _SpanSums:
+    """Sum the spans of the ``steady`` iterations, each held span once for all its copies (the
+    steady-state shortcut's :class:`~offsim.trace.Repeat` s: :meth:`~offsim.trace.RecordLog.weighted`)."""
+    out = _SpanSums()
+    offsets: dict[tuple[int, ...], dict[int, tuple[int, float, float]]] = {}
+    for s, chain in rec.spans.weighted():
+        key = tuple(id(r) for r in chain)
+        copies = offsets.get(key)
+        if copies is None:
+            copies = offsets[key] = copy_offsets(chain)
+        for d_iteration, (count, low_s, high_s) in copies.items():
+            if s.iteration + d_iteration in steady:
+                _add_span(out, s, s.iteration + d_iteration, count, n, (low_s, high_s))
+    return out
+
+
+def _add_span(out: _SpanSums, s: Span, iteration: int, count: int, n: int, shifts_s: tuple[float, float]) -> None:
+    """Add ``count`` copies of ``s`` in ``iteration`` (shifted by ``shifts_s``, least and most),
+    averaged over ``n`` iterations."""
+    low_s, high_s = shifts_s
+    if s.resource in out.traffic:
+        out.traffic[s.resource] += s.bytes * count / n
+    elif s.resource == "gpu":
+        out.busy_s += (s.end_s - s.start_s) * count / n
+        if s.kind == "recompute":
+            out.recomputed[s.layer] = out.recomputed.get(s.layer, 0.0) + count / n
+    elif s.resource == "gpu_stall":
+        out.stall_s += (s.end_s - s.start_s) * count / n
+    elif s.resource == "cpu":
+        out.cpu_busy_s += (s.end_s - s.start_s) * count / n
+    if s.phase == "optimizer":
+        b = out.step_bounds.setdefault(iteration, [s.start_s + low_s, s.end_s + high_s])
+        b[0], b[1] = min(b[0], s.start_s + low_s), max(b[1], s.end_s + high_s)
 
 
 def _recompute_flop(cfg: RunConfig, recomputed: dict[int, float]) -> float:

@@ -14,7 +14,7 @@ a trace or a report).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, TypeVar, overload
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built, not by every run (issue 16)
@@ -228,7 +228,8 @@ def copy_offsets(chain: tuple[Repeat, ...]) -> dict[int, tuple[int, float, float
 
 
 def _shift_span(s: Span, dt_s: float, d_iteration: int) -> Span:
-    return replace(s, iteration=s.iteration + d_iteration, start_s=s.start_s + dt_s, end_s=s.end_s + dt_s)
+    return Span(s.iteration + d_iteration, s.phase, s.resource, s.kind, s.name, s.layer, s.start_s + dt_s,
+                s.end_s + dt_s, s.bytes)
 
 
 def _shift_level(s: LevelSample, dt_s: float, d_iteration: int) -> LevelSample:
@@ -236,7 +237,7 @@ def _shift_level(s: LevelSample, dt_s: float, d_iteration: int) -> LevelSample:
 
 
 def _shift_cache(e: CacheEvent, dt_s: float, d_iteration: int) -> CacheEvent:
-    return replace(e, iteration=e.iteration + d_iteration)
+    return CacheEvent(e.iteration + d_iteration, e.cache, e.kind, e.tensor, e.bytes, e.seconds)
 
 
 def _shift_phase(p: tuple[int, str, float, float], dt_s: float, d_iteration: int) -> tuple[int, str, float, float]:
