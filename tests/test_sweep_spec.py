@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from offsim.config.hardware import HardwareProfile
 from offsim.errors import ConfigError
 from offsim.sweep.overrides import Library, apply_overrides, build_run_config, resolve_axis
 from offsim.sweep.spec import MAX_POINTS, count_points, expand_range, load_spec, make_plan
@@ -155,6 +156,15 @@ def test_aliases_that_scale_related_fields():
     assert hw["dram"]["power_w"] == pytest.approx(10.0)  # 20 W for 64 GiB -> 10 W for 32 GiB
     assert hw["cpu"]["cores"] == 8
     assert hw["cpu"]["optimizer_params_per_s"] == pytest.approx(2e9)  # 1e9 at 4 cores
+
+
+def test_cpu_cores_on_a_profile_whose_optimizer_rate_is_derived():
+    """A profile without a measured rate gets it derived from its CPU again (no KeyError)."""
+    plan = make_plan("a100-80gb-pcie4", "tiny", "zero-offload", grid={"cpu_cores": [1, 64]})
+    one = HardwareProfile.model_validate(_sections(plan, {"cpu_cores": 1})["hardware"])
+    many = HardwareProfile.model_validate(_sections(plan, {"cpu_cores": 64})["hardware"])
+    assert one.cpu.cores == 1 and many.cpu.cores == 64
+    assert one.cpu.optimizer_params_per_s < many.cpu.optimizer_params_per_s  # one thread streams less
 
 
 def test_block_swaps_and_whole_swaps():

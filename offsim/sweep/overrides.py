@@ -307,12 +307,15 @@ def _apply_dram_gib(hw: dict[str, Any], axis: Axis, value: Any) -> None:
 
 
 def _apply_cpu_cores(hw: dict[str, Any], axis: Axis, value: Any) -> None:
-    """Set the core count and scale the CPU optimizer's params/s in proportion (DeepSpeed
-    CPU-Adam is parallel over cores; the engine still caps it by DRAM bandwidth)."""
+    """Set the core count. A measured CPU optimizer rate scales in proportion (DeepSpeed
+    CPU-Adam is parallel over cores; the engine still caps it by DRAM bandwidth); a rate derived
+    from the CPU's description (or none given) is derived again from the new count when the
+    profile loads (:mod:`offsim.plan.cpu_adam`)."""
     _need_number(axis, value, integer=True)
     cpu = _block(hw, "cpu", axis)
-    if value > 0 and cpu.get("cores"):
-        cpu["optimizer_params_per_s"] = cpu["optimizer_params_per_s"] * value / cpu["cores"]
+    measured = str(cpu.get("optimizer_rate_origin", "measured")) == "measured"
+    if value > 0 and cpu.get("cores") and measured and "optimizer_params_per_s" in cpu:
+        cpu["optimizer_params_per_s"] = float(cpu["optimizer_params_per_s"]) * value / float(cpu["cores"])
     cpu["cores"] = value
 
 
