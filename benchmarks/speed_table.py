@@ -12,8 +12,11 @@ Rows, with their baselines:
   run) against a raw SimPy loop of 100,000 timeouts, and the engine's events/s against the loop's;
 * 50 iterations against 3 of the same 175B case;
 * gradient accumulation of Llama-2 7B (zero-offload, rtx4090-pcie4-ws, 2 iterations, 1 warm-up)
-  at ``--accumulation`` micro-batches (default 1,000; the issue's 10,000 takes minutes per run on a
-  2-core machine), its wall time against the SimPy loop and its peak resident memory;
+  at ``--accumulation`` micro-batches (default the issue's 10,000), its time against the SimPy loop
+  and its peak resident memory;
+* the same two rows with the steady-state shortcut off (``run_schedule(steady_shortcut=False)``,
+  every repetition simulated), the accumulation at ``--full-accumulation`` micro-batches (default
+  1,000: all 10,000 take about four minutes);
 * sweep points/s of a 7B grid (``sweep_throughput.py``'s 10,000 points, every ``10,000 /
   --sweep-points``-th, so all four strategies) on 2 local workers, and Dask's rate on a 2-worker
   LocalCluster against the process pool's.
@@ -71,6 +74,19 @@ def simpy_loop_s(events: int = LOOP_EVENTS, repeats: int = 5) -> float:
     return best
 
 
+def full_simulation() -> None:
+    """Switch the steady-state shortcut off in this process: ``simulate`` then runs every
+    repetition (the explicit ``steady_shortcut`` argument of ``run_schedule``)."""
+    import offsim.simulation as sim
+
+    run = sim.run_schedule
+
+    def every_repetition(cfg: Any, sz: Any, on_iteration: Any = None, steady_shortcut: bool = True) -> Any:
+        return run(cfg, sz, on_iteration, steady_shortcut=False)
+
+    sim.run_schedule = every_repetition  # type: ignore[assignment]
+
+
 def _simulate_best(case: tuple[str, str, str], repeats: int, **kwargs: Any) -> tuple[float, Any]:
     """Best wall time (s) of ``simulate`` on ``case`` and the last result."""
     from offsim import make_run_config, simulate
@@ -113,22 +129,23 @@ def probe_accumulation(micro_batches: int) -> dict[str, float]:
     wall = clock() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return {"loop_s": loop, "wall_s": wall, "events": result.events, "peak_rss_bytes": rss,
-            "rss_before_bytes": rss_before, "feasible": float(result.feasible)}
+            "rss_before_bytes": rss_before, "feasible": float(result.feasible), "micro_batches": micro_batches}
 
 
 PROBES = {"engine": probe_engine, "iterations": probe_iterations, "accumulation": probe_accumulation}
 
 
-def run_probe(name: str, arg: int, tree: Path | None) -> dict[str, float]:
-    """Run one probe in a fresh interpreter; ``tree``: an old revision's files, old engine."""
+def run_probe(name: str, arg: int, tree: Path | None, shortcut: bool = True) -> dict[str, float]:
+    """Run one probe in a fresh interpreter; ``tree``: an old revision's files, old engine;
+    ``shortcut``: False simulates every repetition."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
         env["OFFSIM_ENGINE"] = "simpy"
     else:
         env.pop("OFFSIM_ENGINE", None)
-    out = subprocess.run([sys.executable, __file__, "--probe", name, str(arg)], env=env, check=True,
-                         capture_output=True, text=True).stdout
+    argv = [sys.executable, __file__, "--probe", name, str(arg)] + ([] if shortcut else ["--full"])
+    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -196,10 +213,10 @@ def _ratio(x: float, base: float) -> str:
 
 
 def print_table(now: dict[str, dict[str, float]], old: dict[str, dict[str, float]] | None,
-                accumulation: int) -> None:
+                args: argparse.Namespace) -> None:
     """The issue's table: each figure, its baseline and the ratio, old engine beside."""
-    rows = table_rows(now, accumulation)
-    old_rows = table_rows(old, accumulation) if old else None
+    rows = table_rows(now, args.accumulation) + full_rows(now, args.full_accumulation)
+    old_rows = table_rows(old, args.accumulation) if old else None
     head = f"{'figure':58} {'executor':>30} {'target':>10}"
     print(head + (f" {'old engine':>30}" if old_rows else ""))
     for i, (name, value, target) in enumerate(rows):
@@ -238,15 +255,38 @@ def table_rows(m: dict[str, dict[str, float]], accumulation: int) -> list[tuple[
     return rows
 
 
+def full_rows(m: dict[str, dict[str, float]], accumulation: int) -> list[tuple[str, str, str]]:
+    """The rows measured with the steady-state shortcut off (none for an old revision)."""
+    if "iterations_full" not in m:
+        return []
+    it, full, ac, acf = m["iterations"], m["iterations_full"], m["accumulation"], m["accumulation_full"]
+    return [
+        ("175B, 50 / 3 iterations, shortcut off",
+         f"{full['fifty_s']:.2f} s / {full['three_s']:.2f} s = {_ratio(full['fifty_s'], full['three_s'])}", ""),
+        ("175B, 50 iterations: shortcut off / on",
+         f"{full['fifty_s']:.2f} s / {it['fifty_s']:.2f} s = {_ratio(full['fifty_s'], it['fifty_s'])}", ""),
+        (f"7B, {accumulation:,} micro-batches, shortcut off / SimPy loop",
+         f"{acf['wall_s']:.2f} s / {acf['loop_s']:.3f} s = {_ratio(acf['wall_s'], acf['loop_s'])}", ""),
+        (f"7B, {accumulation:,} micro-batches, shortcut off, peak RSS",
+         f"{acf['peak_rss_bytes'] / 2**20:.0f} MiB ({acf['rss_before_bytes'] / 2**20:.0f} MiB)", ""),
+        ("7B accumulation, shortcut on / off, per micro-batch",
+         f"{_ratio(ac['wall_s'] / ac['micro_batches'], acf['wall_s'] / acf['micro_batches'])}", ""),
+    ]
+
+
 def measure(args: argparse.Namespace, tree: Path | None) -> dict[str, dict[str, float]]:
     """Every row's figures, for the working tree or (``tree``) an old revision."""
     repeats = 2 if args.quick else 5
-    return {
+    out = {
         "process": process_row(repeats, tree),
         "engine": run_probe("engine", repeats, tree),
         "iterations": run_probe("iterations", 1 if args.quick else 2, tree),
         "accumulation": run_probe("accumulation", args.accumulation, tree),
     }
+    if tree is None:
+        out["iterations_full"] = run_probe("iterations", 1, tree, shortcut=False)
+        out["accumulation_full"] = run_probe("accumulation", args.full_accumulation, tree, shortcut=False)
+    return out
 
 
 def best_of(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -276,11 +316,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repeats, a 200-point sweep, no Dask")
     ap.add_argument("--old-rev", help="also measure this revision with OFFSIM_ENGINE=simpy")
-    ap.add_argument("--accumulation", type=int, default=1000, help="micro-batches per step (default 1,000)")
+    ap.add_argument("--accumulation", type=int, default=10_000, help="micro-batches per step (default 10,000)")
+    ap.add_argument("--full-accumulation", type=int, default=1000,
+                    help="micro-batches per step with the shortcut off (default 1,000)")
     ap.add_argument("--sweep-points", type=int, default=1000)
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--probe", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--full", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.full:
+        full_simulation()
     if args.probe:
         print(json.dumps(PROBES[args.probe[0]](int(args.probe[1]))))
         return
@@ -294,8 +339,8 @@ def main() -> None:
         now, old = measure_rounds(args, None, rounds)
     if not args.no_sweep:
         now["sweep"] = sweep_row(200 if args.quick else args.sweep_points, dask=not args.quick)
-    print_table(now, old, args.accumulation)
-    print("* the issue's memory target is for 10,000 micro-batches; this row is at the size above.")
+    print_table(now, old, args)
+    print("* the issue's memory target is for 10,000 micro-batches.")
     print(json.dumps({"executor": now, "old": old}), file=sys.stderr)
 
 

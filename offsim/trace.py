@@ -143,29 +143,32 @@ class RecordLog(Sequence[T]):
         """The records held (those simulated), in order."""
         return self.items
 
-    def _range(self, start: Mark, end: Mark, dt_s: float, d_iteration: int) -> Iterator[T]:
-        """The records from ``start`` to ``end``, shifted."""
+    def _segments(self, start: Mark, end: Mark, dt_s: float,
+                  d_iteration: int) -> Iterator[tuple[int, int, float, int]]:
+        """The records from ``start`` to ``end``, shifted, as runs of held items: (first, last,
+        seconds, iterations)."""
         item = start.items
         for r in range(start.repeats, end.repeats):
             rep = self.repeats[r]
-            yield from self._items(item, rep.at.items, dt_s, d_iteration)
+            if rep.at.items > item:
+                yield item, rep.at.items, dt_s, d_iteration
             item = rep.at.items
             for j in range(1, rep.times + 1):
-                yield from self._range(rep.start, rep.end, dt_s + j * rep.dt_s, d_iteration + j * rep.d_iteration)
-        yield from self._items(item, end.items, dt_s, d_iteration)
-
-    def _items(self, first: int, last: int, dt_s: float, d_iteration: int) -> Iterator[T]:
-        if dt_s == 0.0 and d_iteration == 0:
-            yield from self.items[first:last]
-            return
-        shift = self.shift
-        for k in range(first, last):
-            yield shift(self.items[k], dt_s, d_iteration)
+                yield from self._segments(rep.start, rep.end, dt_s + j * rep.dt_s, d_iteration + j * rep.d_iteration)
+        if end.items > item:
+            yield item, end.items, dt_s, d_iteration
 
     def __iter__(self) -> Iterator[T]:
+        items, shift = self.items, self.shift
         if not self.repeats:
-            return iter(self.items)
-        return self._range(Mark(0, 0), self.mark(), 0.0, 0)
+            yield from items
+            return
+        for first, last, dt_s, d_iteration in self._segments(Mark(0, 0), self.mark(), 0.0, 0):
+            if dt_s == 0.0 and d_iteration == 0:
+                yield from items[first:last]
+            else:
+                for k in range(first, last):
+                    yield shift(items[k], dt_s, d_iteration)
 
     def weighted(self) -> Iterator[tuple[T, tuple[Repeat, ...]]]:
         """Each record held, with the repeats whose template holds it (outermost last): its

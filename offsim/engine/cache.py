@@ -196,12 +196,15 @@ class Cache:
         self.used_bytes -= r.size_bytes
         self.counters.bytes_evicted += r.size_bytes
 
-    def shift(self, delta: int) -> None:
-        """Positions of the residents ``delta`` later (the steady-state shortcut: the sequence
-        repeats with that period, so their next uses move with them)."""
+    def shift(self, delta: int, first: int) -> None:
+        """Positions of the residents from ``first`` on ``delta`` later (the steady-state shortcut:
+        from ``first`` on the sequence repeats with period ``delta``, so their next uses move with
+        them; a position before stays, as its next use does)."""
         for r in self.resident.values():
-            r.inserted_at += delta
-            r.last_use += delta
+            if r.inserted_at >= first:
+                r.inserted_at += delta
+            if r.last_use >= first:
+                r.last_use += delta
 
     def done(self, position: int) -> None:
         """The access at ``position`` has finished: unpin its tensor."""

@@ -7,6 +7,8 @@ compare it between repetitions and move it on by whole repetitions of a :class:`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from offsim.engine.node import Node
 from offsim.schedule.ops import Block, Op, Repeat
 
@@ -33,7 +35,7 @@ class Frame:
 class Cursor:
     """Iterates the ops of the block instances in issue order; ``iteration``, ``micro_batch`` and
     ``nodes`` (the nodes issued so far) describe the instance of the op last returned.
-    ``crossed`` is the frame that last began a repetition after its first (None once read)."""
+    ``crossed`` lists the frames that began a repetition since it was last emptied, in order."""
 
     def __init__(self, body: tuple[Block | Repeat, ...]) -> None:
         self.frames = [Frame(body, None, 0, 0, -1)]
@@ -41,7 +43,8 @@ class Cursor:
         self.op_index = 0
         self.nodes: list[Node] = []
         self.iteration, self.micro_batch = 0, -1
-        self.crossed: Frame | None = None
+        self.crossed: list[Frame] = []
+        self.on_enter: Callable[[Frame], None] | None = None  # called as a repeat is entered
 
     def __iter__(self) -> Cursor:
         return self
@@ -72,6 +75,9 @@ class Cursor:
                 else:
                     it, mb = (item.first, f.micro_batch) if item.axis == "iteration" else (f.iteration, item.first)
                     frames.append(Frame(item.period, item, item.first, it, mb))
+                    self.crossed.append(frames[-1])
+                    if self.on_enter is not None:
+                        self.on_enter(frames[-1])
                 continue
             rep = f.repeat
             if rep is not None and f.k + 1 < rep.first + rep.times:
@@ -81,7 +87,7 @@ class Cursor:
                     f.iteration = f.k
                 else:
                     f.micro_batch = f.k
-                self.crossed = f
+                self.crossed.append(f)
                 continue
             frames.pop()
             if frames:

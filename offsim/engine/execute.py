@@ -128,6 +128,7 @@ class Executor:
         self.events = 0
         self.choices_taken = 0  # decisions a choice policy took (the shortcut skips no period with one)
         self.cursor = Cursor(schedule.body)
+        self.steady: SteadyState | None = None  # the shortcut's watcher, while and after a run with it
         self._end_ops: dict[int, Op] = {}
 
     # ------------------------------------------------------------ issue
@@ -137,14 +138,17 @@ class Executor:
         ``steady_shortcut``: skip the repetitions of a period that left the run in the state it
         found it (:mod:`offsim.engine.steady`); False simulates every one."""
         self._walk_accesses()
-        steady = SteadyState(self) if steady_shortcut else None
+        steady = self.steady = SteadyState(self) if steady_shortcut else None
+        if steady is not None:
+            self.cursor.on_enter = steady.entered
         self._advance()
         cursor, step = self.cursor, self.env.step
         while True:
-            if cursor.crossed is not None:
-                frame, cursor.crossed = cursor.crossed, None
+            if cursor.crossed:
+                frames, cursor.crossed = cursor.crossed, []
                 if steady is not None:
-                    steady.at_boundary(frame)
+                    for frame in frames:
+                        steady.at_boundary(frame)
             try:
                 step()
             except simpy.core.EmptySchedule:

@@ -98,17 +98,18 @@ class PolicyCache:
         return self.cache
 
     # ------------------------------------------------------------ the steady-state shortcut
-    def shift_positions(self, key: int, delta: int, nodes: list[Node]) -> None:
-        """Move the positions of sequence ``key`` on by ``delta`` accesses (the accesses of the
-        repetitions skipped): the count issued, the residents' and the open accesses' positions,
-        and those of the access ops in ``nodes``."""
+    def shift_positions(self, key: int, delta: int, first: int, nodes: list[Node]) -> None:
+        """Move the positions of sequence ``key`` from ``first`` on (where it repeats) on by
+        ``delta`` accesses (those of the repetitions skipped): the count issued, the residents'
+        and the open accesses' positions, and those of the access ops in ``nodes``."""
         self.counters[key] = self.counters.get(key, 0) + delta
         if self.cache is not None and self.cache_key == key:
             self.issued += delta
-            self.cache.shift(delta)
-        self.open = {unit: deque(p + delta for p in q) for unit, q in self.open.items()}
+            self.cache.shift(delta, first)
+        self.open = {unit: deque(p + delta if p >= first else p for p in q) for unit, q in self.open.items()}
         for n in nodes:
-            n.position += delta
+            if n.position >= first:
+                n.position += delta
 
     def shift_iterations(self, first: int, times: int) -> None:
         """Iterations from ``first`` on become ``times`` later (the iterations skipped)."""

@@ -111,15 +111,25 @@ class SteadyState:
     def __init__(self, executor: Executor) -> None:
         self.ex = executor
         self.seen: dict[int, _Seen] = {}
+        self.regions: dict[int, tuple[Frame, dict[str, int]]] = {}  # per frame, where its repeat began
         self.skipped = 0  # repetitions skipped, for tests and benchmarks
+
+    def entered(self, frame: Frame) -> None:
+        """A repeat is entered: note where its accesses begin in each cache's sequence (a position
+        before is fixed, one after moves on with the repetitions)."""
+        self.regions[id(frame)] = (frame, _accesses(self.ex, frame))
 
     def at_boundary(self, frame: Frame) -> None:
         """``frame`` has just begun a repetition: compare, and skip what repeats."""
         ex = self.ex
         live = {id(f) for f in ex.cursor.frames}
         self.seen = {key: s for key, s in self.seen.items() if key in live}
+        self.regions = {key: r for key, r in self.regions.items() if key in live}
+        region = self.regions.get(id(frame))
+        if region is None or region[0] is not frame:
+            return
         try:
-            snap = take_snapshot(ex, frame)
+            snap = take_snapshot(ex, frame, region[1])
         except OpaqueStateError:
             self.seen.pop(id(frame), None)
             return
@@ -133,7 +143,7 @@ class SteadyState:
             return
         keep = _kept_repetitions(ex, prev, now)
         times = ex.cursor.last_repetition(frame) - keep + 1 - frame.k
-        if keep > 0 and times > 0 and _Jump(ex, frame, prev, now, times, period_s).apply():
+        if keep > 0 and times > 0 and _Jump(ex, frame, prev, now, times, period_s, region[1]).apply():
             self.skipped += times
             del self.seen[id(frame)]
 
@@ -198,8 +208,8 @@ class _Canon:
     """Builds a :class:`Snapshot`: turns the state into comparable values, relative to a
     repetition's start (time ``t0_s``, repetition ``frame.k`` along ``frame``'s axis)."""
 
-    def __init__(self, ex: Executor, frame: Frame) -> None:
-        self.ex, self.frame = ex, frame
+    def __init__(self, ex: Executor, frame: Frame, region: dict[str, int]) -> None:
+        self.ex, self.frame, self.region = ex, frame, region
         self.t0_s = ex.env.now
         self.by_iteration = frame.repeat is not None and frame.repeat.axis == "iteration"
         self.times: list[float] = []
@@ -292,9 +302,9 @@ class _Canon:
             n = self.nodes[k]
             self.t(n.head_s)
             self.t(n.start_s)
-            position = n.position
+            position: Any = n.position
             if position >= 0 and isinstance(n.op.body, Access):
-                position -= self.position_offset(n.op.body.cache)
+                position = self.pos(n.op.body.cache, position)
             self.described.append((id(n.op), self.iteration(n.iteration), self.micro_batch(n.micro_batch),
                                    n.phase, n.pending, position, self.val(n.stream_pred), self.val(n.request),
                                    tuple(self.val(w) for w in n.waiters)))
@@ -320,21 +330,37 @@ class _Canon:
                 self.val(f.done))
 
     # ---- caches
-    def position_offset(self, cache_id: Any) -> int:
-        """Positions of a cache are compared relative to the first access of the repetition."""
+    def pos(self, cache_id: Any, position: int) -> Any:
+        """A position of a cache's sequence, comparable between repetitions: relative to the
+        repetition's first access if it lies in the repeat (where the sequence is periodic), as
+        it is if it lies before (it does not move)."""
         cache = self.ex.caches[cache_id]
         if not isinstance(cache, PolicyCache) or not _moves_positions(cache, self.frame):
-            return 0
-        return self._start_positions[str(cache_id)]
+            return position
+        if position < self.region[str(cache_id)]:
+            return ("before the repeat", position)
+        return position - self._start_positions[str(cache_id)]
+
+    def reads_uses(self, cache_id: Any) -> bool:
+        """Does the cache's eviction policy read how often a resident was used (LFU)? The others
+        of :mod:`offsim.policies` do not, and a count that grows must not block the shortcut."""
+        cache = self.ex.caches[cache_id]
+        policy = cache.policy.eviction if isinstance(cache, PolicyCache) else None
+        while policy is not None:
+            if type(policy).__name__ == "Lfu":
+                return True
+            policy = getattr(policy, "then", None)
+        return False
 
     def cache_key(self, cache: PolicyCache, key: int) -> int:
         return key if cache.spec.persistent else self.iteration(key)
 
 
-def take_snapshot(ex: Executor, frame: Frame) -> Snapshot:
-    """The state of ``ex`` relative to the start of ``frame``'s current repetition; raises
-    :class:`OpaqueStateError` when it holds something that cannot be compared."""
-    c = _Canon(ex, frame)
+def take_snapshot(ex: Executor, frame: Frame, region: dict[str, int]) -> Snapshot:
+    """The state of ``ex`` relative to the start of ``frame``'s current repetition (``region``:
+    per cache, the position where the repeat began); raises :class:`OpaqueStateError` when it
+    holds something that cannot be compared."""
+    c = _Canon(ex, frame, region)
     shape = (_program_counter(c), _queue(c), _resources(c), _memory(c), _writers(c), _caches(c), _phases(c))
     c.describe_nodes()
     return Snapshot((shape, tuple(c.described)), c.times, c.values, c.nodes)
@@ -351,11 +377,24 @@ def _program_counter(c: _Canon) -> Any:
 
 
 def _queue(c: _Canon) -> Any:
+    """The events queued, in the order they will be processed; a superseded wake-up of the flow
+    network is left out (it does nothing, and it neither moves nor reorders the others)."""
     out = []
     for t_s, priority, _eid, event in sorted(c.ex.env._queue, key=lambda q: (q[0], q[1], q[2])):
+        if _stale_wake(c, event):
+            continue
         c.t(t_s)
         out.append((priority, c.val(event)))
     return tuple(out)
+
+
+def _stale_wake(c: _Canon, event: simpy.Event) -> bool:
+    callbacks = event.callbacks or []
+    if len(callbacks) != 1 or not isinstance(callbacks[0], types.FunctionType):
+        return False
+    cells = callbacks[0].__closure__ or ()
+    tokens = [cell.cell_contents for cell in cells if isinstance(cell.cell_contents, WakeToken)]
+    return len(tokens) == 1 and tokens[0] is not c.ex.net.wake_token
 
 
 def _resource(c: _Canon, res: Any) -> Any:
@@ -367,7 +406,8 @@ def _resource(c: _Canon, res: Any) -> Any:
 def _resources(c: _Canon) -> Any:
     ex = c.ex
     net = ex.net
-    c.t(net._last_s)
+    if net.flows:  # the last advance matters only to flows in progress
+        c.t(net._last_s)
     flows = tuple(c.val(f) for f in net.flows)
     pools = tuple((name, _resource(c, p)) for name, p in ex.pools.items())
     queues = tuple((name, _resource(c, q)) for name, q in ex.queues.items())
@@ -395,25 +435,25 @@ def _caches(c: _Canon) -> Any:
                              for (it, mb, unit), node in cache.present.items())
             out.append((str(cid), tuple((k, c.val(n)) for k, n in fetches)))
             continue
-        off = c.position_offset(cid)
-        counters = tuple(sorted((c.cache_key(cache, k), n - (off if k == _key(cache, c.frame) else 0))
+        current = _key(cache, c.frame)
+        counters = tuple(sorted((c.cache_key(cache, k), c.pos(cid, n) if k == current else n)
                                 for k, n in cache.counters.items() if c.cache_key(cache, k) >= -1))
         present = tuple((unit, c.val(node)) for unit, node in cache.present.items())
-        open_ = tuple(sorted((unit, tuple(p - off for p in q)) for unit, q in cache.open.items()))
+        open_ = tuple(sorted((unit, tuple(c.pos(cid, p) for p in q)) for unit, q in cache.open.items()))
         key = None if cache.cache is None else c.cache_key(cache, cache.cache_key)
-        out.append((str(cid), key, cache.issued - off,
-                    c.iteration(cache.iteration), counters, present, open_, _cache(c, cache.cache, off)))
+        out.append((str(cid), key, c.pos(cid, cache.issued), c.iteration(cache.iteration), counters, present, open_,
+                    _cache(c, cid, cache.cache)))
     return tuple(out)
 
 
-def _cache(c: _Canon, cache: Cache | None, off: int) -> Any:
+def _cache(c: _Canon, cid: Any, cache: Cache | None) -> Any:
     if cache is None:
         return None
     resident = []
     for t, r in cache.resident.items():
         nxt = cache._next[r.last_use]
-        resident.append((t, r.size_bytes, r.inserted_at - off, r.last_use - off, r.uses,
-                         None if nxt is None else nxt - off))
+        resident.append((t, r.size_bytes, c.pos(cid, r.inserted_at), c.pos(cid, r.last_use),
+                         r.uses if c.reads_uses(cid) else None, None if nxt is None else c.pos(cid, nxt)))
     c.values.append(cache.used_bytes)
     return (tuple(resident), tuple(sorted((t, n) for t, n in cache.pins.items() if n > 0)))
 
@@ -446,8 +486,10 @@ class _Jump:
     shifted by ``times x period_s`` seconds and ``times`` repetitions, the skipped repetitions
     recorded as copies of the last one."""
 
-    def __init__(self, ex: Executor, frame: Frame, prev: _Seen, now: _Seen, times: int, period_s: float) -> None:
+    def __init__(self, ex: Executor, frame: Frame, prev: _Seen, now: _Seen, times: int, period_s: float,
+                 region: dict[str, int]) -> None:
         self.ex, self.frame, self.prev, self.now, self.times = ex, frame, prev, now, times
+        self.region = region
         self.period_s, self.dt_s = period_s, times * period_s
         self.by_iteration = frame.repeat is not None and frame.repeat.axis == "iteration"
 
@@ -566,7 +608,7 @@ class _Jump:
                 continue
             if _moves_positions(cache, self.frame):
                 per_period = self.now.accesses[str(cid)] - self.prev.accesses[str(cid)]
-                cache.shift_positions(_key(cache, self.frame), self.times * per_period,
+                cache.shift_positions(_key(cache, self.frame), self.times * per_period, self.region[str(cid)],
                                       [n for n in self.now.snapshot.nodes if isinstance(n.op.body, Access)
                                        and n.op.body.cache == cid])
             if self.by_iteration:
