@@ -40,13 +40,15 @@ class RunResult:
         """True when the configuration fits and was simulated."""
         return self.metrics.feasible
 
-    def spans(self) -> pd.DataFrame:
-        """Per-op spans (compute, transfers, stalls) as a DataFrame."""
-        return self.recorder.spans_frame()
+    def spans(self, window: bool = False) -> pd.DataFrame:
+        """Per-op spans (compute, transfers, stalls) as a DataFrame. Every span of the run;
+        ``window``: only the repetitions simulated (a run the steady-state shortcut took holds
+        the others as copies: a trace of them stays the size of what was simulated)."""
+        return self.recorder.spans_frame(window)
 
-    def levels(self) -> pd.DataFrame:
-        """Memory level per tier over time as a DataFrame."""
-        return self.recorder.levels_frame()
+    def levels(self, window: bool = False) -> pd.DataFrame:
+        """Memory level per tier over time as a DataFrame (``window`` as for :meth:`spans`)."""
+        return self.recorder.levels_frame(window)
 
     def to_dict(self) -> dict[str, Any]:
         """Metrics plus what produced them, JSON-serialisable. ``params_total`` and

@@ -296,16 +296,18 @@ class Recorder:
         self.cache_events.repeat(start[1], times, dt_s, d_iteration)
         self.level_log.repeat(start[2], times, dt_s, d_iteration)
 
-    def spans_frame(self) -> pd.DataFrame:
-        """Spans as a DataFrame with :data:`SPAN_COLUMNS`."""
+    def spans_frame(self, window: bool = False) -> pd.DataFrame:
+        """Spans as a DataFrame with :data:`SPAN_COLUMNS`; ``window``: only those simulated (the
+        repetitions the steady-state shortcut skipped left out), for a trace or a report."""
         import pandas as pd
 
-        return pd.DataFrame([asdict(s) for s in self.spans], columns=SPAN_COLUMNS)
+        spans = self.spans.window() if window else self.spans
+        return pd.DataFrame([asdict(s) for s in spans], columns=SPAN_COLUMNS)
 
-    def levels_frame(self) -> pd.DataFrame:
-        """Level samples as a DataFrame with :data:`LEVEL_COLUMNS`."""
+    def levels_frame(self, window: bool = False) -> pd.DataFrame:
+        """Level samples as a DataFrame with :data:`LEVEL_COLUMNS`; ``window`` as for spans."""
         import pandas as pd
 
-        levels = list(self.level_log)
+        levels = self.level_log.window() if window else list(self.level_log)
         return pd.DataFrame({"t_s": [lv.t_s for lv in levels], "tier": [lv.tier for lv in levels],
                              "bytes": [lv.bytes for lv in levels]}, columns=LEVEL_COLUMNS)

@@ -135,3 +135,60 @@ def configs(draw: Any) -> RunConfig:
 @given(configs())
 def test_random_models_iterations_and_accumulation(cfg: RunConfig) -> None:
     assert_same(cfg)
+
+
+def test_nested_repeats_with_a_persistent_cache() -> None:
+    """Micro-batches skipped inside iterations that are skipped in turn, with the DRAM cache over
+    the optimizer state (persistent: its positions run on across iterations)."""
+    cfg = make_run_config("tiny", _with("tiny", grad_accumulation=8), "mlp-offload", iterations=9)
+    assert assert_same(cfg)
+
+
+def test_progress_counts_skipped_iterations() -> None:
+    """``on_iteration`` reaches the total even where iterations were skipped."""
+    cfg = resolve(make_run_config("rtx4090-pcie4-ws", "llama2-7b", "zero-offload", iterations=12))
+    calls: list[tuple[int, int]] = []
+    rec, _, _ = run_schedule(cfg, state_sizes(cfg), lambda done, total: calls.append((done, total)))
+    assert len(rec.spans.window()) < len(rec.spans)  # iterations were skipped
+    assert [done for done, _ in calls] == list(range(1, 13))
+    assert {total for _, total in calls} == {12}
+
+
+def test_the_window_holds_what_was_simulated() -> None:
+    """A trace of a long run is the size of what was simulated; levels in it stay in time order."""
+    cfg = resolve(make_run_config("rtx4090-pcie4-ws", _with("llama2-7b", grad_accumulation=200), "zero-offload"))
+    rec, _, _ = run_schedule(cfg, state_sizes(cfg))
+    window, every = rec.spans_frame(window=True), rec.spans_frame()
+    assert 0 < len(window) < len(every) / 10
+    t_s = list(rec.levels_frame(window=True)["t_s"])
+    assert t_s == sorted(t_s)
+    assert list(rec.levels_frame()["t_s"]) == sorted(rec.levels_frame()["t_s"])
+
+
+def test_record_log_copies_in_order() -> None:
+    """A repeat stands for shifted copies of its template, nested ones inside outer ones, in the
+    order a full run records them; ``weighted`` counts the same copies without building them."""
+    from offsim.trace import RecordLog, copy_offsets
+
+    log: RecordLog[tuple[int, float]] = RecordLog(lambda x, dt, di: (x[0] + di, x[1] + dt))
+    log.append((0, 0.0))
+    outer = log.mark()
+    log.append((0, 1.0))
+    inner = log.mark()
+    log.append((0, 2.0))
+    log.repeat(inner, 2, 1.0, 0)  # (0, 3.0), (0, 4.0)
+    log.append((0, 5.0))
+    log.repeat(outer, 1, 10.0, 1)
+    log.append((2, 30.0))
+    expected = [(0, 0.0), (0, 1.0), (0, 2.0), (0, 3.0), (0, 4.0), (0, 5.0),
+                (1, 11.0), (1, 12.0), (1, 13.0), (1, 14.0), (1, 15.0), (2, 30.0)]
+    assert list(log) == expected
+    assert len(log) == len(expected)
+    assert log.window() == [(0, 0.0), (0, 1.0), (0, 2.0), (0, 5.0), (2, 30.0)]
+    per_iteration: dict[int, list[float]] = {}
+    for item, chain in log.weighted():
+        for d, (count, low_s, high_s) in copy_offsets(chain).items():
+            got = per_iteration.setdefault(item[0] + d, [0, math.inf, -math.inf])
+            got[0] += count
+            got[1], got[2] = min(got[1], item[1] + low_s), max(got[2], item[1] + high_s)
+    assert per_iteration == {0: [6, 0.0, 5.0], 1: [5, 11.0, 15.0], 2: [1, 30.0, 30.0]}

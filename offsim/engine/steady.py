@@ -146,6 +146,22 @@ class SteadyState:
         if keep > 0 and times > 0 and _Jump(ex, frame, prev, now, times, period_s, region[1]).apply():
             self.skipped += times
             del self.seen[id(frame)]
+            self._inner_moved(frame, {cid: times * (now.accesses[cid] - prev.accesses[cid]) for cid in now.accesses})
+
+    def _inner_moved(self, frame: Frame, delta: dict[str, int]) -> None:
+        """The repeats inside ``frame`` moved on with it: their earlier starts are void, and where
+        they began in a persistent cache's sequence moved on by ``delta``."""
+        frames = self.ex.cursor.frames
+        for inner in frames[frames.index(frame) + 1:]:
+            self.seen.pop(id(inner), None)
+            entry = self.regions.get(id(inner))
+            if entry is None:
+                continue
+            starts = dict(entry[1])
+            for cid, cache in self.ex.caches.items():
+                if isinstance(cache, PolicyCache) and cache.spec.persistent:
+                    starts[str(cid)] += delta.get(str(cid), 0)
+            self.regions[id(inner)] = (inner, starts)
 
 
 def _accesses(ex: Executor, frame: Frame) -> dict[str, int]:
@@ -499,6 +515,8 @@ class _Jump:
         ex = self.ex
         if any(self._axis_of(n) < 0 and n.op.stream == ex.main for n in self.now.snapshot.nodes):
             return False
+        if self.by_iteration and len(ex.rec.iteration_starts_s) < self.frame.k:
+            return False  # the previous iteration's start is not known yet
         ex.rec.repeat(self.prev.mark, self.times, self.period_s, 1 if self.by_iteration else 0)
         ex.events += self.times * (self.now.events - self.prev.events)
         self._phases()
@@ -555,6 +573,7 @@ class _Jump:
         if not self.by_iteration:
             return
         ex, k = self.ex, self.frame.k
+        assert len(ex.rec.iteration_starts_s) >= k, "checked by apply"
         starts = ex.rec.iteration_starts_s
         before = len(starts)
         tail = starts[k:]
