@@ -224,6 +224,7 @@ def _cpu_fields(
     if best is not None:
         impl, rate = best
         b.set("cpu.optimizer_params_per_s", sig(rate), "measured")
+        b.set("cpu.optimizer_rate_origin", "measured", "measured")  # an override of the CPU Adam model
         b.set("cpu.optimizer_impl", impl, "measured")
     memcpy = cfit.get("memcpy", {})
     if "1" in memcpy:

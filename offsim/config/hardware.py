@@ -270,11 +270,21 @@ def _derive_cpu_adam_rate(data: Any) -> Any:
     origin = cpu.get("optimizer_rate_origin", RateOrigin.MEASURED)
     if "optimizer_params_per_s" in cpu and str(origin) != RateOrigin.DERIVED:
         return data
+    # An input of the model that is present but malformed is reported by its own field's check;
+    # the rate then gets a placeholder so that the report names that field alone (validation
+    # fails regardless). An input that is missing (no simd) leaves the rate missing: that error
+    # is the one to report.
+    placeholder = {**data, "cpu": {"optimizer_params_per_s": 1.0, **cpu}}
     try:
         spec = _AdamInputs.model_validate(cpu)
+    except ValidationError as exc:
+        return data if all(e["type"] == "missing" for e in exc.errors()) else placeholder
+    try:
         dram_bytes_per_s = float(dram["bandwidth_gb_per_s"]) * GB
-    except (ValidationError, KeyError, TypeError, ValueError):
-        return data
+    except (KeyError, TypeError, ValueError):
+        return placeholder
+    if not (math.isfinite(dram_bytes_per_s) and dram_bytes_per_s > 0):
+        return placeholder
     clock_hz = None if spec.clock_ghz is None else spec.clock_ghz * 1e9
     host = CpuHost(spec.cores, spec.sockets, clock_hz, spec.simd, dram_bytes_per_s)
     rate = node_adam_params_per_s(host)
