@@ -117,14 +117,16 @@ class Repeat:
 class RecordLog(Sequence[T]):
     """Records in the order recorded, some held once for many copies (:class:`Repeat`).
 
-    Iterating, ``len``, indexing and ``==`` see every record (a copy is built when it is read);
-    :meth:`window` sees only those held. ``shift(record, dt_s, d_iteration)`` builds a copy.
+    Iterating, ``len``, indexing and ``==`` see every record (a copy is built when it is read;
+    indexing builds them all once); :meth:`window` sees only those held. ``shift(record, dt_s,
+    d_iteration)`` builds a copy.
     """
 
     def __init__(self, shift: Callable[[T, float, int], T], items: list[T] | None = None) -> None:
         self.items: list[T] = items if items is not None else []
         self.repeats: list[Repeat] = []
         self.shift = shift
+        self._expanded: tuple[Mark, list[T]] | None = None
 
     def append(self, item: T) -> None:
         """Record one item."""
@@ -199,7 +201,14 @@ class RecordLog(Sequence[T]):
     def __getitem__(self, index: int | slice) -> T | list[T]:
         if not self.repeats:
             return self.items[index]
-        return list(self)[index]
+        return self._every()[index]
+
+    def _every(self) -> list[T]:
+        """Every record as a list, built once for indexing (until more is recorded)."""
+        mark = self.mark()
+        if self._expanded is None or self._expanded[0] != mark:
+            self._expanded = (mark, list(self))
+        return self._expanded[1]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RecordLog | list):

@@ -78,9 +78,10 @@ def assert_same(cfg: RunConfig, *, records: bool = True) -> bool:
         return False
     diffs = _differences(full[0], fast[0])
     assert not diffs, "\n".join(diffs[:20])
-    # SimPy events are no metric: two flows that end in one instant take one wake-up, one ulp
-    # apart two, and a shifted clock rounds differently; the count agrees to that
-    assert abs(full[2] - fast[2]) <= 1e-3 * full[2], ("events", full[2], fast[2])
+    # The SimPy event count is no metric, and not exact: it includes the flow network's
+    # superseded wake-ups, which do nothing and are no state (offsim.engine.steady), so a skipped
+    # period counts those of the period simulated, not its own
+    assert abs(full[2] - fast[2]) <= 0.01 * full[2], ("events", full[2], fast[2])
     if records:
         diffs = _differences(_records(full[1]), _records(fast[1]))
         assert not diffs, "\n".join(diffs[:20])
