@@ -43,6 +43,7 @@ from offsim.config.run import RunConfig
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
 from offsim.errors import ConfigError
+from offsim.plan.cpu_adam import RateOrigin
 
 SECTIONS = ("hardware", "workload", "strategy", "run")
 SECTION_MODELS: dict[str, type[BaseModel]] = {
@@ -313,7 +314,7 @@ def _apply_cpu_cores(hw: dict[str, Any], axis: Axis, value: Any) -> None:
     profile loads (:mod:`offsim.plan.cpu_adam`)."""
     _need_number(axis, value, integer=True)
     cpu = _block(hw, "cpu", axis)
-    measured = str(cpu.get("optimizer_rate_origin", "measured")) == "measured"
+    measured = RateOrigin(cpu.get("optimizer_rate_origin", RateOrigin.MEASURED)) is RateOrigin.MEASURED
     if value > 0 and cpu.get("cores") and measured and "optimizer_params_per_s" in cpu:
         cpu["optimizer_params_per_s"] = float(cpu["optimizer_params_per_s"]) * value / float(cpu["cores"])
     cpu["cores"] = value
