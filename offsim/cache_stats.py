@@ -3,12 +3,14 @@
 Computed from the cache events the engine records (:class:`~offsim.trace.CacheEvent`) and, for
 the GPU parameter buffer's stall, from the GPU's "waits for params" spans.
 
-``opt_bytes_fetched`` (the field keeps its name for the JSON and the goldens) is the **offline
-plan** of :func:`offsim.policies.opt.optimal_plan` on the same access sequence within the same
+``offline_plan_bytes_fetched`` is what the **offline plan** of
+:func:`offsim.policies.opt.optimal_plan` fetches on the same access sequence within the same
 budget (the cache's capacity, or, for an unbounded cache, the most it ever held): Belady's rule
-with a search over the tensors of odd sizes, complete only when ``opt_exact``. It is a
-reference, not the optimum and not a bound; reports name it "belady (heuristic)". Regret is
-what the policy fetched beyond it.
+with a search over the tensors of odd sizes, complete only when ``offline_plan_exact``. It is a
+reference, not the optimum and not a bound (a heuristic can fetch less; it was called
+``opt_bytes_fetched`` until the goldens were re-recorded for the name); reports name it
+"belady (heuristic)". ``bytes_over_offline_plan`` is what the policy fetched beyond it (negative
+where the policy fetched less).
 
 :func:`cache_bound` bounds the bytes any policy must move in a cache from below and the best
 schedule found from above (:mod:`offsim.policies.bounds`: the min-cost-flow bound for tensors of
@@ -48,10 +50,12 @@ class CacheStats(BaseModel):
         bytes_evicted: bytes dropped for room or released after use.
         bytes_written_back: dirty bytes written to the tier below.
         stall_s: seconds the consumer (GPU for parameters, CPU optimizer for sub-groups) waited.
-        opt_bytes_fetched: bytes the offline plan (:func:`~offsim.policies.opt.optimal_plan`, a
-            heuristic unless ``opt_exact``; not a bound) fetches on the same sequence and budget.
-        regret_bytes: ``bytes_fetched - opt_bytes_fetched`` (against that plan, not a bound).
-        opt_exact: the plan's search over odd-sized tensors was complete.
+        offline_plan_bytes_fetched: bytes the offline plan (:func:`~offsim.policies.opt.optimal_plan`,
+            a heuristic unless ``offline_plan_exact``; not a bound) fetches on the same sequence and budget.
+        bytes_over_offline_plan: ``bytes_fetched - offline_plan_bytes_fetched`` (against that plan,
+            not a bound: negative where the policy fetched less; the regret against the lower bound
+            is ``offsim compare``'s ``regret_bytes``).
+        offline_plan_exact: the plan's search over odd-sized tensors was complete.
     """
 
     tier: str
@@ -67,15 +71,21 @@ class CacheStats(BaseModel):
     bytes_evicted: float = 0.0
     bytes_written_back: float = 0.0
     stall_s: float = 0.0
-    opt_bytes_fetched: float = 0.0
-    regret_bytes: float = 0.0
-    opt_exact: bool = True
+    offline_plan_bytes_fetched: float = 0.0
+    bytes_over_offline_plan: float = 0.0
+    offline_plan_exact: bool = True
+
+    @property
+    def opt_bytes_fetched(self) -> float:
+        """The old name of :attr:`offline_plan_bytes_fetched`, for ``commands/_common.py`` until
+        it reads the new one (not in the JSON); remove with that reader."""
+        return self.offline_plan_bytes_fetched
 
 
 PARAM_STALL_SUFFIX = "waits for params"  # names of the GPU's stall spans for parameters (engine)
 
 
-def _opt_per_iteration(events: list[CacheEvent], info: dict,
+def _plan_per_iteration(events: list[CacheEvent], info: dict,
                        steady: list[int]) -> tuple[dict[int, float], bool]:
     """Bytes the offline plan fetches in each steady iteration."""
     accesses = [e for e in events if e.kind in ("hit", "miss")]
@@ -111,20 +121,20 @@ def _one_cache(rec: Recorder, name: str, info: dict, steady: list[int]) -> Cache
         sums["stall"] = sum(s.end_s - s.start_s for s in rec.spans
                             if s.resource == "gpu_stall" and s.iteration in steady_set
                             and s.name.endswith(PARAM_STALL_SUFFIX))
-    opt, exact = _opt_per_iteration(events, info, steady) if events else ({}, True)
-    opt_bytes = sum(opt.get(it, 0.0) for it in steady) / n
+    plan, exact = _plan_per_iteration(events, info, steady) if events else ({}, True)
+    plan_bytes = sum(plan.get(it, 0.0) for it in steady) / n
     accesses = sums["hit_n"] + sums["miss_n"]
-    regret = sums["miss"] / n - opt_bytes
-    if abs(regret) <= 1e-9 * max(opt_bytes, 1.0):  # the same bytes summed in another order
-        regret = 0.0
+    over = sums["miss"] / n - plan_bytes
+    if abs(over) <= 1e-9 * max(plan_bytes, 1.0):  # the same bytes summed in another order
+        over = 0.0
     return CacheStats(
         tier=info["tier"], policy=info["policy"], fetch_links=info["fetch_links"],
         writeback_links=info["writeback_links"], capacity_bytes=info["capacity_bytes"],
         peak_bytes=info["peak_bytes"], hits=sums["hit_n"] / n, misses=sums["miss_n"] / n,
         hit_rate=sums["hit_n"] / accesses if accesses else None, bytes_fetched=sums["miss"] / n,
         bytes_evicted=(sums["evict"] + sums["release"]) / n, bytes_written_back=sums["writeback"] / n,
-        stall_s=sums["stall"] / n, opt_bytes_fetched=opt_bytes, regret_bytes=regret,
-        opt_exact=exact,
+        stall_s=sums["stall"] / n, offline_plan_bytes_fetched=plan_bytes,
+        bytes_over_offline_plan=over, offline_plan_exact=exact,
     )
 
 

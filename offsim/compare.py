@@ -20,7 +20,8 @@ Policy names (``--policies``; join several with ``+``, e.g. ``lru+alternating``)
 
 ``belady-size`` is a size-aware heuristic (:mod:`offsim.policies.belady_size`). ``belady`` and
 ``belady-size`` are heuristics with tensors of several sizes; ``opt`` follows the plan of
-:mod:`offsim.policies.opt` (exact by enumeration on the bare sequence when ``opt_exact``).
+:mod:`offsim.policies.opt` (exact by enumeration on the bare sequence when the run's cache metrics say
+``offline_plan_exact``).
 None of them is the yardstick.
 
 Bounds and regret: every row is scored against a **lower bound** on the bytes any policy must

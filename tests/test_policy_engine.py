@@ -100,7 +100,7 @@ def test_dram_cache_order() -> None:
     s, a = same.metrics.cache["dram_optimizer"], alt.metrics.cache["dram_optimizer"]
     assert (s.hits, s.misses) == (0, 7)
     assert (a.hits, a.misses) == (3, 4)
-    assert a.regret_bytes == 0 and s.regret_bytes > 0
+    assert a.bytes_over_offline_plan == 0 and s.bytes_over_offline_plan > 0
     assert a.bytes_written_back == pytest.approx(a.bytes_fetched)  # steady state: one out per one in
     assert alt.metrics.traffic_bytes.nvme_read < same.metrics.traffic_bytes.nvme_read
     assert alt.metrics.iteration_time_s < same.metrics.iteration_time_s
@@ -109,7 +109,7 @@ def test_dram_cache_order() -> None:
 def test_no_dram_cache_every_group_misses() -> None:
     """DeepSpeed's behaviour: each sub-group is read and written every step."""
     c = _run(_strategy("zero-infinity-nvme", sub_group_params=1e7)).metrics.cache["dram_optimizer"]
-    assert (c.hits, c.misses, c.regret_bytes) == (0, 7, 0)
+    assert (c.hits, c.misses, c.bytes_over_offline_plan) == (0, 7, 0)
     assert c.bytes_fetched == c.bytes_written_back > 0
 
 
@@ -135,14 +135,14 @@ def test_opt_never_moves_more_bytes(wl, fraction: float, depth: int) -> None:
         st = _strategy(policies={"eviction": {"kind": kind}, "gpu_param_buffer_gib": budget / 2**30,
                                  "prefetch": {"kind": "lookahead", "depth": depth}})
         results[kind] = _run(st, wl, iterations=2).metrics.cache["gpu_params"]
-    bound = results["opt"].opt_bytes_fetched
+    bound = results["opt"].offline_plan_bytes_fetched
     for kind, c in results.items():
-        assert c.opt_bytes_fetched == pytest.approx(bound), kind
+        assert c.offline_plan_bytes_fetched == pytest.approx(bound), kind
         assert c.bytes_fetched >= bound * (1 - 1e-9), kind
-        assert c.regret_bytes >= 0, kind
+        assert c.bytes_over_offline_plan >= 0, kind
     if depth == 0:
         assert results["opt"].bytes_fetched == pytest.approx(bound)
-        assert results["opt"].regret_bytes == 0
+        assert results["opt"].bytes_over_offline_plan == 0
 
 
 @SETTINGS

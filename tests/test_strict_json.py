@@ -57,7 +57,7 @@ def broken_result() -> RunResult:
     result = simulate(make_run_config("tiny", "tiny", "zero-infinity-cpu", iterations=2, warmup_iterations=1))
     assert result.feasible
     m = result.metrics
-    cache = {name: c.model_copy(update={"hit_rate": math.nan, "opt_bytes_fetched": math.inf})
+    cache = {name: c.model_copy(update={"hit_rate": math.nan, "offline_plan_bytes_fetched": math.inf})
              for name, c in m.cache.items()}
     metrics = m.model_copy(update={"iteration_time_s": math.nan, "tokens_per_s": math.inf,
                                    "stall_s": -math.inf, "iteration_times_s": [math.nan, 1.0], "cache": cache})
@@ -70,7 +70,7 @@ def test_to_json_is_strict(broken_result: RunResult) -> None:
     assert doc["iteration_time_s"] is None and doc["tokens_per_s"] is None and doc["stall_s"] is None
     assert doc["iteration_times_s"] == [None, 1.0]
     assert doc["footprint_bytes"]["capacity"]["gpu"] is None and doc["wall_time_s"] is None
-    assert all(c["hit_rate"] is None and c["opt_bytes_fetched"] is None for c in doc["cache"].values())
+    assert all(c["hit_rate"] is None and c["offline_plan_bytes_fetched"] is None for c in doc["cache"].values())
     assert strict_loads(broken_result.to_json(indent=None)) == doc
     assert math.isnan(broken_result.to_dict()["iteration_time_s"])  # Python users still see the float
 
