@@ -343,22 +343,58 @@ def _nan(x: Any) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
+#: Iteration times within this relative distance of each other are a tie.
+TIE_REL = 1e-9
+
+
+def _names(variants: Sequence[str]) -> str:
+    """The variants quoted and joined: "`a`", "`a` and `b`", "`a`, `b` and `c`"."""
+    quoted = [f"`{v}`" for v in variants]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def _fastest(part: pd.DataFrame) -> tuple[pd.Series, str, str]:
+    """The row the sentence names, the words that name it, and how a tie was broken. The rule:
+    the fastest iteration (times within :data:`TIE_REL` tie); of tied rows, the one that moves
+    the fewest bytes per iteration; of those, the first listed."""
+    fastest_s = part["iteration_time_s"].min()
+    tied = part[part["iteration_time_s"] <= fastest_s * (1 + TIE_REL)]
+    fewest = tied[tied["total_bytes"] <= tied["total_bytes"].min() * (1 + TIE_REL)]
+    best = fewest.iloc[0]
+    name = f"`{best['variant']}`"
+    if len(tied) == 1:
+        return best, f"{name} is fastest", ""
+    if len(fewest) == 1:
+        why = "it moves the fewest bytes of them"
+    elif len(fewest) == len(tied):
+        why = "they move the same bytes and it is listed first"
+    else:
+        why = f"of those moving the fewest bytes ({_names(list(fewest['variant']))}) it is listed first"
+    return best, f"{_names(list(tied['variant']))} tie as fastest", f"; {name} is named below: {why}"
+
+
+def _slower(part: pd.DataFrame, best: pd.Series) -> str:
+    """", X s faster than `w`", every variant tied as slowest named; empty when all tie."""
+    slowest_s = part["iteration_time_s"].max()
+    gain = slowest_s - best["iteration_time_s"]
+    if gain <= best["iteration_time_s"] * TIE_REL:
+        return ""
+    worst = list(part[part["iteration_time_s"] >= slowest_s * (1 - TIE_REL)]["variant"])
+    tie = ", which tie as slowest" if len(worst) > 1 else ""
+    return f", {gain:.3g} s faster than {_names(worst)}{tie}"
+
+
 def decision(table: pd.DataFrame) -> str:
-    """One sentence: per budget, the fastest policy, its iteration time against the slowest, and
-    how far its bytes are from the lower bound."""
+    """One sentence: per budget, the fastest policy (ties named, and broken by fewer bytes moved,
+    then by the order given), its iteration time against the slowest, and how far its bytes are
+    from the lower bound."""
     clauses = []
     for (cache_gib, dram_gib), part in _budget_groups(table):
-        part = part.sort_values(["iteration_time_s", "total_bytes"], kind="stable")
-        best, worst = part.iloc[0], part.iloc[-1]
-        gain = worst["iteration_time_s"] - best["iteration_time_s"]
-        tied = part[part["iteration_time_s"] <= best["iteration_time_s"] * (1 + 1e-9)]["variant"]
-        fastest = (f"{', '.join(f'`{v}`' for v in tied)} tie as fastest" if len(tied) > 1
-                   else f"`{best['variant']}` is fastest")
-        versus = f", {gain:.3g} s faster than `{worst['variant']}`" if gain > 0 else ""
+        best, fastest, tie = _fastest(part)
         clauses.append(f"with {_budget_words(cache_gib, dram_gib)}, {fastest} "
-                       f"({best['iteration_time_s']:.4g} s per iteration{versus}); `{best['variant']}` moves "
-                       f"{best['total_bytes'] / 1e9:.4g} GB per iteration, {_against_bound(best)}"
-                       f"{_against_time_bound(part, best)}")
+                       f"({best['iteration_time_s']:.4g} s per iteration{_slower(part, best)}{tie}); "
+                       f"`{best['variant']}` moves {best['total_bytes'] / 1e9:.4g} GB per iteration, "
+                       f"{_against_bound(best)}{_against_time_bound(part, best)}")
     if not clauses:
         return "No variant fits."
     text = "; ".join(clauses)
