@@ -12,43 +12,32 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel
-from rich.markup import escape
-from rich.table import Table
 
 from offsim import __version__
+from offsim.commands import _options as opt
 from offsim.commands._common import (
-    DEFAULT_HARDWARE,
-    DEFAULT_STRATEGY,
-    DEFAULT_WORKLOAD,
     EXIT_NO,
     EXIT_OK,
-    HardwareOpt,
-    IterationsOpt,
-    JsonOpt,
-    QuietOpt,
-    StrategyOpt,
-    WarmupOpt,
-    WorkloadOpt,
+    DataKind,
     check_out_file,
-    console,
     fail,
-    note,
+    list_shipped,
+    load_config,
     print_json,
     print_metrics_table,
     say,
 )
-from offsim.config.loading import shipped_files
 from offsim.errors import OffsimError
 
 __all__ = ["app"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
+
 
 def _version_callback(value: bool) -> None:
     if value:
@@ -73,35 +62,30 @@ def main(
 
 @app.command()
 def run(
-    hardware: HardwareOpt = DEFAULT_HARDWARE,
-    workload: WorkloadOpt = DEFAULT_WORKLOAD,
-    strategy: StrategyOpt = DEFAULT_STRATEGY,
-    iterations: IterationsOpt = 3,
-    warmup: WarmupOpt = 1,
-    as_json: JsonOpt = False,
+    hardware: opt.Hardware = opt.HARDWARE,
+    workload: opt.Workload = opt.WORKLOAD,
+    strategy: opt.Strategy = opt.STRATEGY,
+    iterations: opt.Iterations = opt.ITERATIONS,
+    warmup: opt.Warmup = opt.WARMUP,
+    as_json: opt.Json = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace JSON here")] = None,
     spans_csv: Annotated[Path | None, typer.Option("--spans", help="write per-op spans as CSV here")] = None,
-    quiet: QuietOpt = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Simulate training iterations and report time, throughput, memory and traffic."""
-    from offsim import make_run_config, simulate
-    from offsim.report.chrome_trace import write_chrome_trace
+    from offsim import simulate
     from offsim.report.progress import progress_bar
 
     check_out_file(trace, "--trace")
     check_out_file(spans_csv, "--spans")
+    cfg = load_config(hardware, workload, strategy, iterations=iterations, warmup=warmup, quiet=quiet)
     try:
-        cfg = make_run_config(hardware, workload, strategy, iterations=iterations, warmup_iterations=warmup)
-        for line in () if quiet else cfg.notes:  # a user's DeepSpeed/Accelerate/Megatron file: what was ignored
-            note(line)
         with progress_bar(cfg.iterations, "simulating iterations", enabled=not quiet) as advance:
             result = simulate(cfg, on_iteration=lambda done, total: advance())
     except OffsimError as exc:
         fail(str(exc))
-    if trace is not None and result.feasible:
-        write_chrome_trace(result, trace)
-    if spans_csv is not None and result.feasible:
-        result.spans().to_csv(spans_csv, index=False)
+    if result.feasible:
+        _write_run_files(result, trace, spans_csv)
     if as_json:
         print_json(json.loads(result.to_json()))  # re-encoded strictly: no NaN/Infinity
     else:
@@ -112,27 +96,14 @@ def run(
         raise typer.Exit(EXIT_NO)
 
 
-def list_shipped(kind: str, describe: Callable[[Any], str], as_json: bool) -> None:
-    """Print the shipped files of ``kind`` with a one-line summary each."""
-    from offsim.config import loading
+def _write_run_files(result: Any, trace: Path | None, spans_csv: Path | None) -> None:
+    """Write the trace and the spans of a feasible run where their options name."""
+    from offsim.report.chrome_trace import write_chrome_trace
 
-    loader = {"hardware": loading.load_profile, "workload": loading.load_workload,
-              "strategy": loading.load_strategy}[kind]
-    rows: dict[str, dict[str, str]] = {}
-    for name, path in shipped_files(kind).items():
-        try:
-            rows[name] = {"summary": describe(loader(str(path))), "path": str(path)}
-        except OffsimError as exc:
-            rows[name] = {"summary": f"invalid: {exc}", "path": str(path)}
-    if as_json:
-        print_json(rows)
-        return
-    t = Table(title=f"shipped {kind} files")
-    t.add_column("name")
-    t.add_column("summary")
-    for name, row in rows.items():
-        t.add_row(escape(name), escape(row["summary"]))
-    console.print(t)
+    if trace is not None:
+        write_chrome_trace(result, trace)
+    if spans_csv is not None:
+        result.spans().to_csv(spans_csv, index=False)
 
 
 def _describe_profile(p: Any) -> str:
@@ -151,28 +122,26 @@ def _describe_workload(w: Any) -> str:
 
 
 @app.command()
-def profiles(as_json: JsonOpt = False) -> None:
+def profiles(as_json: opt.Json = False) -> None:
     """List the shipped hardware profiles."""
-    list_shipped("hardware", _describe_profile, as_json)
+    list_shipped(DataKind.HARDWARE, _describe_profile, as_json)
 
 
 @app.command()
-def workloads(as_json: JsonOpt = False) -> None:
+def workloads(as_json: opt.Json = False) -> None:
     """List the shipped workloads."""
-    list_shipped("workload", _describe_workload, as_json)
+    list_shipped(DataKind.WORKLOAD, _describe_workload, as_json)
 
 
 @app.command()
-def schema(kind: Annotated[str, typer.Argument(help="hardware, workload or strategy")]) -> None:
+def schema(kind: Annotated[DataKind, typer.Argument(help="the kind of data file")]) -> None:
     """Print the JSON Schema of a data file kind (for editors)."""
     from offsim.config.hardware import HardwareProfile
     from offsim.config.strategy import Strategy
     from offsim.config.workload import Workload
 
-    models: dict[str, type[BaseModel]] = {
-        "hardware": HardwareProfile, "workload": Workload, "strategy": Strategy}
-    if kind not in models:
-        fail(f"unknown kind '{kind}'; choose one of {', '.join(models)}")
+    models: dict[DataKind, type[BaseModel]] = {
+        DataKind.HARDWARE: HardwareProfile, DataKind.WORKLOAD: Workload, DataKind.STRATEGY: Strategy}
     print_json(models[kind].model_json_schema())
 
 

@@ -91,7 +91,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], int, str]] = [
     ("validate --out a folder", lambda tmp: ["validate", "-o", str(tmp)], 2, "is a folder; give a file name"),
     ("calibrate --out a file", lambda tmp: ["calibrate", "-o", str(_write(tmp, "f", "x"))],
      2, "is a file; give a folder"),
-    ("schema of an unknown kind", lambda tmp: ["schema", "gpu"], 2, "unknown kind 'gpu'"),
+    ("schema of an unknown kind", lambda tmp: ["schema", "gpu"], 2, "'gpu' is not one of 'hardware'"),
 ]
 
 

@@ -3,13 +3,17 @@ defaults, ``--version``, and every command of the README's tour run as written."
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import typer
+from typer.core import TyperGroup, TyperOption
 from typer.testing import CliRunner
 
 from offsim import __version__
@@ -26,7 +30,7 @@ OUT = ["-o", "--out"]
 EXPECTED = {
     "run": [*CONFIG, "-s", "--strategy", *SHARED],
     "report": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
-    "size": [*CONFIG, "-s", "--strategy", *SHARED],
+    "size": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
     "tune": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
     "validate": [*CONFIG, *SHARED, *OUT],
     "sweep": [*SHARED, *OUT],
@@ -36,11 +40,11 @@ EXPECTED = {
     "strategies": ["--json"],
     "compare": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
     "rok": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
-    "fit": [*CONFIG, "-s", "--strategy", *SHARED],
-    "schedule": [*CONFIG, "-s", "--strategy", "--json"],
+    "fit": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
+    "schedule": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
 }
 #: Commands that simulate a number of optimizer steps: the same option for it in each.
-ITERATIONS = ["run", "report", "tune", "compare", "rok", "fit", "schedule"]
+ITERATIONS = ["run", "report", "tune", "compare", "rok", "fit", "schedule", "size"]
 
 
 def _names() -> list[str]:
@@ -48,7 +52,7 @@ def _names() -> list[str]:
 
 
 def _help(command: str) -> str:
-    result = runner.invoke(app, [command, "--help"], terminal_width=200)
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "250"})  # no wrapping in a column
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -67,16 +71,70 @@ def test_every_command_is_checked() -> None:
 
 @pytest.mark.parametrize("command", ITERATIONS)
 def test_iterations_option_is_the_same_everywhere(command: str) -> None:
-    text = " ".join(_help(command).replace("│", " ").split())  # rich's table wraps long help lines
-    assert re.search(r"--iterations\b", text) and "optimizer steps to simulate" in text
+    iterations = _options(command)["--iterations"]
+    assert iterations.help == "optimizer steps to simulate" and iterations.default == 3
+    assert "--iterations" in _help(command)
 
 
-@pytest.mark.parametrize("command", ["run", "report", "size", "tune", "validate", "compare", "rok", "fit"])
+def _options(command: str) -> dict[str, TyperOption]:
+    """The click options of ``command`` by their first long name."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, TyperGroup)
+    params = group.commands[command].params
+    return {next(o for o in p.opts if o.startswith("--")): p for p in params if isinstance(p, TyperOption)}
+
+
+def _declaration(option: TyperOption) -> tuple[object, ...]:
+    """What must match between two commands for one shared option: names, help, default, type, bounds."""
+    return (tuple(sorted(option.opts)), option.help, option.default, option.type_descriptor.annotation,
+            option.is_flag, option.min)
+
+
+#: Options declared once and taken as they are: (option, commands that have it).
+SAME_EVERYWHERE = {
+    "--json": [c for c in EXPECTED if "--json" in EXPECTED[c]],
+    "--quiet": [c for c in EXPECTED if "--quiet" in EXPECTED[c]],
+    "--iterations": ITERATIONS,
+    "--warmup": ["run", "report", "tune", "compare", "rok", "fit"],
+    "--hardware": ["run", "size", "tune", "validate", "compare", "rok", "fit", "schedule"],
+    "--workload": ["run", "size", "tune", "validate", "compare", "rok", "fit", "schedule"],
+    "--strategy": ["run", "size", "schedule"],
+}
+
+
+@pytest.mark.parametrize("option", list(SAME_EVERYWHERE))
+def test_shared_option_is_one_declaration(option: str) -> None:
+    """Names, short form, help, default and type of a shared option agree in every command
+    (``validate``'s ``--iterations`` counts timed real iterations: not this option)."""
+    commands = [c for c in SAME_EVERYWHERE[option] if not (c == "validate" and option == "--iterations")]
+    found = {c: _declaration(_options(c)[option]) for c in commands}
+    assert len(set(found.values())) == 1, found
+
+
+def test_out_is_dash_o_everywhere() -> None:
+    """Every command with an output file or folder names it ``-o/--out``."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, TyperGroup)
+    with_out = [c for c in EXPECTED if "--out" in EXPECTED[c]]
+    for command in with_out:
+        assert {"-o", "--out"} <= set(_options(command)["--out"].opts), command
+    others = [name for name, cmd in group.commands.items()
+              if any("-o" in p.opts for p in cmd.params if isinstance(p, TyperOption)) and name not in with_out]
+    assert others == ["strategies"]  # its -o goes with --ds-config
+
+
+@pytest.mark.parametrize("command", ["run", "report", "size", "tune", "validate", "compare", "rok", "fit", "schedule"])
 def test_defaults_are_the_readme_main_example(command: str) -> None:
-    text = " ".join(_help(command).split())
-    assert DEFAULT_HARDWARE in text and DEFAULT_WORKLOAD in text
-    if command in ("run", "report", "size"):
-        assert DEFAULT_STRATEGY in text
+    """``-H`` and ``-w`` default to the README's main example everywhere; ``-s`` too where the
+    command takes one strategy to run as it is (``compare``, ``rok`` and ``tune`` need one with
+    something to vary; ``fit`` checks every shipped one)."""
+    options = _options(command)
+    defaults = {"--hardware": DEFAULT_HARDWARE, "--workload": DEFAULT_WORKLOAD}
+    if command in ("run", "report", "size", "schedule"):
+        defaults["--strategy"] = DEFAULT_STRATEGY
+    for option, default in defaults.items():
+        assert options[option].default in (default, [default]), (command, option)
+        assert default in _help(command), (command, option)
     readme = (ROOT / "README.md").read_text()
     assert f"--hardware {DEFAULT_HARDWARE} --workload {DEFAULT_WORKLOAD} --strategy {DEFAULT_STRATEGY}" in readme
 
@@ -90,6 +148,60 @@ def test_help_documents_the_exit_codes() -> None:
     text = " ".join(runner.invoke(app, ["--help"], terminal_width=200).output.split())
     for fragment in ("0 done", "1 the answer is no", "2 bad input", "143 stopped by SIGTERM"):
         assert fragment in text
+
+
+# ----------------------------------------------------------------------------- files only where asked
+TINY = ["-H", "tiny", "-w", "tiny"]
+SIZE = ["size", *TINY, "-s", "zero-infinity-nvme", "--target-iteration-s", "3", "--vary", "nvme_drives"]
+#: Commands that can write a file, run without the option that names it.
+UNASKED = {
+    "run": ["run", *TINY, "-q"],
+    "fit": ["fit", *TINY, "-s", "zero-offload", "-q"],
+    "schedule": ["schedule", *TINY],
+    "size": [*SIZE, "-q"],
+    "tune": ["tune", *TINY, "--grid", "small", "-q"],
+    "strategies": ["strategies", "--ds-config", "zero-offload"],
+}
+
+
+@pytest.mark.parametrize("command", list(UNASKED))
+def test_nothing_is_written_unasked(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, UNASKED[command])
+    assert result.exit_code == 0, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fit_out_writes_the_strategies_as_csv(tmp_path: Path) -> None:
+    out = tmp_path / "fit.csv"
+    result = runner.invoke(app, ["fit", *TINY, "-s", "zero-offload,gpu-only", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["strategies"]
+    table = pd.read_csv(out)
+    assert list(tmp_path.iterdir()) == [out]
+    assert list(table["strategy"]) == [r["strategy"] for r in rows]
+    assert list(table["gpu_peak_bytes"]) == [r["tiers"]["gpu"]["peak_bytes"] for r in rows]
+    assert list(table["iteration_time_s"]) == pytest.approx([r["iteration_time_s"] for r in rows], rel=1e-12)
+
+
+def test_schedule_out_is_the_json_and_quiet_prints_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "schedule.json"
+    args = ["schedule", *TINY, "-s", "zero-infinity-nvme"]
+    quiet = runner.invoke(app, [*args, "-q", "-o", str(out)])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stdout == ""
+    printed = runner.invoke(app, [*args, "--json"])
+    assert json.loads(out.read_text()) == json.loads(printed.stdout)
+
+
+def test_size_out_writes_every_evaluated_point(tmp_path: Path) -> None:
+    out = tmp_path / "size.csv"
+    result = runner.invoke(app, [*SIZE, "--iterations", "2", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    table = pd.read_csv(out)
+    assert len(table) == doc["evaluated"] and table["meets_target"].any()
+    assert set(table["iterations"].dropna()) == {2}  # points the bound settled were not simulated
 
 
 # ----------------------------------------------------------------------------- the README's tour

@@ -1,9 +1,11 @@
-"""What every ``offsim`` subcommand shares: consoles, the error exit, option types, exit codes.
+"""What every ``offsim`` subcommand shares: consoles, the error exit, exit codes, output checks,
+the listings of shipped files. The shared options themselves are declared in
+:mod:`offsim.commands._options` (re-exported here under their earlier ``*Opt`` names).
 
 Lives apart from :mod:`offsim.cli` so that the command modules never import the app that
 imports them (no ``cli <-> commands`` cycle).
 
-Exit codes, used by every subcommand:
+Exit codes (:class:`ExitCode`), used by every subcommand:
 
 * ``0``: done;
 * ``1``: the answer is "no": a configuration does not fit (infeasible; for ``fit``, no strategy
@@ -16,14 +18,17 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from enum import IntEnum, StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from offsim.commands import _options as opt
 from offsim.core.strict_json import dumps
 
 if TYPE_CHECKING:
@@ -31,28 +36,39 @@ if TYPE_CHECKING:
     from offsim.config.run import RunConfig
     from offsim.config.workload import Workload
 
-EXIT_OK = 0
-EXIT_NO = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
 
-#: The README's main example: every subcommand that takes one configuration defaults to it.
-DEFAULT_HARDWARE = "rtx4090-pcie4-ws"
-DEFAULT_WORKLOAD = "llama2-7b"
-DEFAULT_STRATEGY = "zero-offload"
+class ExitCode(IntEnum):
+    """The exit status of every subcommand (listed in the module's docstring and ``offsim --help``)."""
+
+    OK = 0
+    NO = 1
+    BAD_INPUT = 2
+    INTERRUPTED = 130
+    TERMINATED = 143
+
+
+EXIT_OK = ExitCode.OK
+EXIT_NO = ExitCode.NO
+EXIT_BAD_INPUT = ExitCode.BAD_INPUT
+EXIT_INTERRUPTED = ExitCode.INTERRUPTED
+EXIT_TERMINATED = ExitCode.TERMINATED
+
+#: The README's main example (declared in :mod:`offsim.commands._options`, with every shared option).
+DEFAULT_HARDWARE = opt.HARDWARE
+DEFAULT_WORKLOAD = opt.WORKLOAD
+DEFAULT_STRATEGY = opt.STRATEGY
 
 console = Console()
 err_console = Console(stderr=True)
 
-HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help="hardware profile name or YAML path")]
-WorkloadOpt = Annotated[
-    str, typer.Option("--workload", "-w", help="workload name, YAML path or HF config.json")]
-StrategyOpt = Annotated[str, typer.Option("--strategy", "-s", help="strategy name or YAML path")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output (JSON) on stdout")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no summary lines")]
-IterationsOpt = Annotated[int, typer.Option(min=1, help="optimizer steps to simulate")]
-WarmupOpt = Annotated[int, typer.Option(min=0, help="leading steps left out of the metrics")]
+#: The shared option types under their earlier names (new code reads ``opt.Hardware`` and so on).
+HardwareOpt = opt.Hardware
+WorkloadOpt = opt.Workload
+StrategyOpt = opt.Strategy
+JsonOpt = opt.Json
+QuietOpt = opt.Quiet
+IterationsOpt = opt.Iterations
+WarmupOpt = opt.Warmup
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -147,6 +163,38 @@ def check_positive(value: int | None, option: str) -> None:
     """Fail when a count option is given as zero or negative."""
     if value is not None and value < 1:
         fail(f"{option} must be at least 1, got {value}")
+
+
+class DataKind(StrEnum):
+    """The kinds of data file offsim reads (each a folder of shipped files and a schema)."""
+
+    HARDWARE = "hardware"
+    WORKLOAD = "workload"
+    STRATEGY = "strategy"
+
+
+def list_shipped(kind: DataKind, describe: Callable[[Any], str], as_json: bool) -> None:
+    """Print the shipped files of ``kind`` with a one-line summary each."""
+    from offsim.config import loading
+    from offsim.errors import OffsimError
+
+    loader = {DataKind.HARDWARE: loading.load_profile, DataKind.WORKLOAD: loading.load_workload,
+              DataKind.STRATEGY: loading.load_strategy}[kind]
+    rows: dict[str, dict[str, str]] = {}
+    for name, path in loading.shipped_files(kind).items():
+        try:
+            rows[name] = {"summary": describe(loader(str(path))), "path": str(path)}
+        except OffsimError as exc:
+            rows[name] = {"summary": f"invalid: {exc}", "path": str(path)}
+    if as_json:
+        print_json(rows)
+        return
+    t = Table(title=f"shipped {kind} files")
+    t.add_column("name")
+    t.add_column("summary")
+    for name, row in rows.items():
+        t.add_row(escape(name), escape(row["summary"]))
+    console.print(t)
 
 
 def print_metrics_table(result: Any) -> None:

@@ -7,21 +7,12 @@ from typing import Annotated
 
 import typer
 
-from offsim.commands._common import (
-    EXIT_NO,
-    JsonOpt,
-    QuietOpt,
-    check_out_dir,
-    fail,
-    note,
-    print_json,
-    say,
-)
+from offsim.commands import _options as opt
+from offsim.commands._common import EXIT_NO, check_out_dir, fail, note, print_json, say
 
 
 def calibrate(
-    out: Annotated[Path, typer.Option(
-        "--out", "-o", help="output folder for the profile YAML, raw CSVs and fits.json")],
+    out: Annotated[Path, opt.out("output folder for the profile YAML, raw CSVs and fits.json")],
     name: Annotated[str, typer.Option(help="profile name (file stem)")] = "measured",
     base: Annotated[str | None, typer.Option(
         "--base", "--hardware", "-H", help="profile supplying what is not measured (name or path)")] = None,
@@ -30,8 +21,8 @@ def calibrate(
     parts: Annotated[str, typer.Option(help="comma-separated subset of gpu,cpu,nvme")] = "gpu,cpu,nvme",
     quick: Annotated[bool, typer.Option(
         help="a few sizes and short runs (minutes, not tens of minutes)")] = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Run the microbenchmarks (GPU via PyTorch CUDA when present; CPU optimizer and memcpy;
     NVMe with O_DIRECT or fio), fit latency/bandwidth and efficiency curves, write the profile;

@@ -21,23 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from offsim.commands._common import (
-    DEFAULT_HARDWARE,
-    DEFAULT_WORKLOAD,
-    EXIT_NO,
-    HardwareOpt,
-    IterationsOpt,
-    JsonOpt,
-    QuietOpt,
-    WarmupOpt,
-    WorkloadOpt,
-    check_out_file,
-    console,
-    fail,
-    load_config,
-    print_json,
-    say,
-)
+from offsim.commands import _options as opt
+from offsim.commands._common import EXIT_NO, check_out_file, console, fail, load_config, print_json, say
 from offsim.report.progress import progress_bar
 
 #: ``compare``'s base strategy: a GPU parameter buffer and a DRAM cache over NVMe to vary.
@@ -157,10 +142,9 @@ def _notes(table: pd.DataFrame) -> list[str]:
 
 
 def compare(
-    hardware: HardwareOpt = DEFAULT_HARDWARE,
-    workload: WorkloadOpt = DEFAULT_WORKLOAD,
-    strategy: Annotated[str, typer.Option(
-        "--strategy", "-s", help="base strategy the policies apply to (one with caches to vary)")]
+    hardware: opt.Hardware = opt.HARDWARE,
+    workload: opt.Workload = opt.WORKLOAD,
+    strategy: Annotated[str, opt.strategy("base strategy the policies apply to (one with caches to vary)")]
     = COMPARE_STRATEGY,
     policies: Annotated[str | None, typer.Option(
         help="comma-separated policy names, '+' joins several "
@@ -177,14 +161,12 @@ def compare(
              "and size, and the curve; replaces --param-buffer-gib")] = None,
     dram_cache_gib: Annotated[str | None, typer.Option(
         help="DRAM cache over NVMe optimizer state, GiB; comma-separated to sweep (e.g. 10,20,40)")] = None,
-    iterations: IterationsOpt = 3,
-    warmup: WarmupOpt = 1,
-    out: Annotated[Path | None, typer.Option(
-        "--out", "-o", "--csv", help="write the table as CSV here")] = None,
-    html: Annotated[Path | None, typer.Option(
-        help="write the chart here (self-contained HTML)")] = None,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    iterations: opt.Iterations = opt.ITERATIONS,
+    warmup: opt.Warmup = opt.WARMUP,
+    out: Annotated[Path | None, opt.out("write the table as CSV here", "--csv")] = None,
+    html: opt.Html = None,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Run several policies (or strategies) on one profile and workload side by side: time,
     stall, bytes per link, hit rate and peak memory per tier, and bytes against the lower bound
@@ -282,19 +264,16 @@ def _any_feasible(table: pd.DataFrame) -> bool:
 
 
 def rok(
-    hardware: HardwareOpt = DEFAULT_HARDWARE,
-    workload: WorkloadOpt = DEFAULT_WORKLOAD,
-    strategy: Annotated[str, typer.Option("--strategy", "-s", help="strategy for everything but activations")]
-    = ROK_STRATEGY,
+    hardware: opt.Hardware = opt.HARDWARE,
+    workload: opt.Workload = opt.WORKLOAD,
+    strategy: Annotated[str, opt.strategy("strategy for everything but activations")] = ROK_STRATEGY,
     points: Annotated[int, typer.Option(min=1, help="block counts per placement (0 .. all blocks)")] = 6,
-    iterations: IterationsOpt = 3,
-    warmup: WarmupOpt = 1,
-    out: Annotated[Path | None, typer.Option(
-        "--out", "-o", "--csv", help="write the curve as CSV here")] = None,
-    html: Annotated[Path | None, typer.Option(
-        help="write the chart here (self-contained HTML)")] = None,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    iterations: opt.Iterations = opt.ITERATIONS,
+    warmup: opt.Warmup = opt.WARMUP,
+    out: Annotated[Path | None, opt.out("write the curve as CSV here", "--csv")] = None,
+    html: opt.Html = None,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """The ROK curve: GPU memory saved against time cost of recomputing, offloading to DRAM or
     offloading to NVMe the activations of 0..all blocks. Exit 1 when no point fits."""

@@ -11,36 +11,26 @@ engine's level). Under them, DeepSpeed's own estimator table for the same model
 (:mod:`offsim.plan.ds_estimator`) and, per strategy that maps onto one of its lines, where offsim's
 figure differs and why: the estimator counts model states only.
 
-Exit status (:mod:`offsim.commands._common`): 0 when at least one strategy fits, 1 when none
-does, 2 on bad input.
+``-o FILE`` writes the strategies as CSV (:func:`fit_table`); nothing is written otherwise. Exit
+status (:mod:`offsim.commands._common`): 0 when at least one strategy fits, 1 when none does, 2 on
+bad input.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import pandas as pd
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from offsim.commands._common import (
-    DEFAULT_HARDWARE,
-    DEFAULT_WORKLOAD,
-    EXIT_NO,
-    HardwareOpt,
-    IterationsOpt,
-    JsonOpt,
-    QuietOpt,
-    WarmupOpt,
-    WorkloadOpt,
-    console,
-    fail,
-    print_json,
-    say,
-)
+from offsim.commands import _options as opt
+from offsim.commands._common import EXIT_NO, check_out_file, console, fail, print_json, say
 
 if TYPE_CHECKING:
     from offsim.config.run import RunConfig
@@ -62,19 +52,38 @@ StrategiesOpt = Annotated[list[str] | None, typer.Option(
 
 
 def fit(
-    hardware: HardwareOpt = DEFAULT_HARDWARE,
-    workload: WorkloadOpt = DEFAULT_WORKLOAD,
+    hardware: opt.Hardware = opt.HARDWARE,
+    workload: opt.Workload = opt.WORKLOAD,
     strategy: StrategiesOpt = None,
-    iterations: IterationsOpt = 3,
-    warmup: WarmupOpt = 1,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    iterations: opt.Iterations = opt.ITERATIONS,
+    warmup: opt.Warmup = opt.WARMUP,
+    out: Annotated[Path | None, opt.out("write the strategies as CSV here (a row each: status, time, "
+                                        "peak and capacity per tier, reason)")] = None,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Does it fit (GPU, pinned host, host, NVMe), with which strategy, and how fast; with
     DeepSpeed's memory estimator for the same model. Exit 1 when no strategy fits."""
-    from offsim.config.loading import load_profile, load_workload, resolve_path, shipped_files
+    check_out_file(out)
+    hw, wl, given = _load_inputs(hardware, workload, strategy)
+    found = _assess_all(hw, wl, given, iterations, warmup, enabled=not (quiet or as_json))
+    report = fit_report(hw, wl, sort_assessments(found))
+    if out is not None:
+        fit_table(report).to_csv(out, index=False)
+    if as_json:
+        print_json(report)
+    else:
+        _print_report(report, quiet)
+        if out is not None and not quiet:
+            say(f"table written to {out}")
+    if not report["fits_any"]:
+        raise typer.Exit(EXIT_NO)
+
+
+def _load_inputs(hardware: str, workload: str, strategy: list[str] | None) -> tuple[Any, Any, list[str]]:
+    """The profile, the workload and the strategies given by name; bad input exits 2 before any work."""
+    from offsim.config.loading import load_profile, load_workload, resolve_path
     from offsim.errors import OffsimError
-    from offsim.report.progress import progress_bar
 
     given = _strategy_names(strategy)
     try:
@@ -83,24 +92,44 @@ def fit(
             resolve_path("strategy", name)
     except OffsimError as exc:
         fail(str(exc))
+    return hw, wl, given
+
+
+def _assess_all(hw: Any, wl: Any, given: list[str], iterations: int, warmup: int, *,
+                enabled: bool) -> list[Assessment]:
+    """Every strategy given (or every shipped one) assessed, with progress on stderr when
+    ``enabled``; a strategy asked for by name that cannot run here is bad input, as in ``offsim run``."""
+    from offsim.config.loading import shipped_files
+    from offsim.report.progress import progress_bar
+
     names = given or list(shipped_files("strategy"))
     found = []
-    with progress_bar(len(names), "checking strategies", enabled=not (quiet or as_json)) as advance:
+    with progress_bar(len(names), "checking strategies", enabled=enabled) as advance:
         for name in names:
             advance(0, f"checking {name}")
             found.append(assess(hw, wl, name, iterations, warmup))
             advance()
-    if given:  # a strategy asked for by name that cannot run here is bad input, as in offsim run
-        for a in found:
-            if a.row["status"] == "cannot-run":
-                fail(f"{a.row['strategy']}: {a.row['reason']['text']}")
-    report = fit_report(hw, wl, sort_assessments(found))
-    if as_json:
-        print_json(report)
-    else:
-        _print_report(report, quiet)
-    if not report["fits_any"]:
-        raise typer.Exit(EXIT_NO)
+    for a in found if given else ():
+        if a.row["status"] == "cannot-run":
+            fail(f"{a.row['strategy']}: {a.row['reason']['text']}")
+    return found
+
+
+def fit_table(report: dict[str, Any]) -> pd.DataFrame:
+    """The report's strategies as a table (the ``-o`` CSV), in the report's order: ``strategy``,
+    ``status``, ``fits``, ``iteration_time_s``, ``tokens_per_s``, per tier ``<tier>_peak_bytes`` and
+    ``<tier>_capacity_bytes`` (training; GPU per GPU, the others per node), ``startup_<tier>_peak_bytes``
+    (pinned and host while the model is loaded and the optimizer built), ``reason``."""
+    rows = []
+    for r in report["strategies"]:
+        row = {k: r[k] for k in ("strategy", "status", "fits", "iteration_time_s", "tokens_per_s")}
+        for tier, rep in r["tiers"].items():
+            row[f"{tier}_peak_bytes"], row[f"{tier}_capacity_bytes"] = rep["peak_bytes"], rep["capacity_bytes"]
+        for tier, rep in (r["startup"] or {"tiers": {}})["tiers"].items():
+            row[f"startup_{tier}_peak_bytes"] = rep["peak_bytes"]
+        row["reason"] = None if r["reason"] is None else r["reason"]["text"]
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _strategy_names(given: list[str] | None) -> list[str]:

@@ -18,21 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
-from offsim.commands._common import (
-    DEFAULT_HARDWARE,
-    DEFAULT_STRATEGY,
-    DEFAULT_WORKLOAD,
-    EXIT_NO,
-    IterationsOpt,
-    JsonOpt,
-    QuietOpt,
-    WarmupOpt,
-    check_out_dir,
-    check_out_file,
-    fail,
-    print_json,
-    say,
-)
+from offsim.commands import _options as opt
+from offsim.commands._common import EXIT_NO, check_out_dir, check_out_file, fail, print_json, say
 from offsim.report.progress import progress_bar
 
 
@@ -46,20 +33,20 @@ StrategyOpt = Annotated[list[str], _option("--strategy", "-s", "strategy")]
 
 
 def report(
-    hardware: HardwareOpt = [DEFAULT_HARDWARE],  # noqa: B006 - typer reads the default, never mutated
-    workload: WorkloadOpt = [DEFAULT_WORKLOAD],  # noqa: B006
-    strategy: StrategyOpt = [DEFAULT_STRATEGY],  # noqa: B006
-    iterations: IterationsOpt = 3,
-    warmup: WarmupOpt = 1,
-    out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write")] = Path("report.html"),
+    hardware: HardwareOpt = [opt.HARDWARE],  # noqa: B006 - typer reads the default, never mutated
+    workload: WorkloadOpt = [opt.WORKLOAD],  # noqa: B006
+    strategy: StrategyOpt = [opt.STRATEGY],  # noqa: B006
+    iterations: opt.Iterations = opt.ITERATIONS,
+    warmup: opt.Warmup = opt.WARMUP,
+    out: Annotated[Path, opt.out("HTML file to write")] = Path("report.html"),
     title: Annotated[str | None, typer.Option(help="page title")] = None,
     figures_dir: Annotated[Path | None, typer.Option("--figures", help="also write each run's figures as "
                                                      "standalone HTML files under this folder")] = None,
     policies: Annotated[str | None, typer.Option(
         help="also run each configuration with these policies (as offsim compare --policies, e.g. "
              "lru,fifo,belady) and put the decision sentence first")] = None,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Simulate one or more configurations and write an HTML report (figures, metrics, bottleneck;
     with --policies, which policy to use first)."""

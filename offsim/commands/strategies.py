@@ -18,7 +18,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from offsim.commands._common import JsonOpt, check_out_file, console, fail, note, print_json, say
+from offsim.commands import _options as opt
+from offsim.commands._common import DataKind, check_out_file, console, fail, list_shipped, note, print_json, say
 from offsim.config.reading import Reading
 from offsim.errors import OffsimError
 
@@ -105,7 +106,7 @@ def write_ds_config(name: str, out: Path | None) -> None:
 
 
 def strategies(
-    as_json: JsonOpt = False,
+    as_json: opt.Json = False,
     explain_file: Annotated[str | None, typer.Option(
         "--explain", help="print what offsim understood from a strategy file (DeepSpeed ds_config, "
                           "Accelerate config, Megatron-Core options)")] = None,
@@ -113,7 +114,7 @@ def strategies(
         "--ds-config", help="write this strategy (shipped name or path) as a DeepSpeed ds_config JSON")] = None,
     workload: Annotated[str | None, typer.Option(
         "--workload", "-w", help="with --explain: the workload that resolves \"auto\" and the batch keys")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="with --ds-config: write the JSON here")] = None,
+    out: Annotated[Path | None, opt.out("with --ds-config: write the JSON here")] = None,
 ) -> None:
     """List the shipped strategies; or explain a strategy file; or write one as a ds_config."""
     if explain_file and ds_config:
@@ -123,9 +124,7 @@ def strategies(
     elif ds_config:
         write_ds_config(ds_config, out)
     else:
-        from offsim.cli import list_shipped
-
-        list_shipped("strategy", lambda s: s.description, as_json)
+        list_shipped(DataKind.STRATEGY, lambda s: s.description, as_json)
 
 
 def register(app: typer.Typer) -> None:

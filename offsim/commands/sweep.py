@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,19 +22,13 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from offsim.commands import _options as opt
 from offsim.commands._common import (
-    DEFAULT_HARDWARE,
-    DEFAULT_STRATEGY,
-    DEFAULT_WORKLOAD,
     EXIT_INTERRUPTED,
     EXIT_NO,
     EXIT_TERMINATED,
-    HardwareOpt,
-    JsonOpt,
-    QuietOpt,
-    StrategyOpt,
-    WorkloadOpt,
     check_out_dir,
+    check_out_file,
     console,
     err_console,
     fail,
@@ -79,9 +74,7 @@ def _status_table(frame: Any) -> Table:
 
 def sweep(
     spec: Annotated[Path, typer.Argument(help="sweep spec YAML (see sweeps/*.yaml)")],
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="output folder (results store, tables, figures)")
-    ] = Path("results"),
+    out: Annotated[Path, opt.out("output folder (results store, tables, figures)")] = Path("results"),
     workers: Annotated[
         int | None, typer.Option(min=1, help="local worker processes (default: all cores; 1: in-process)")
     ] = None,
@@ -97,8 +90,8 @@ def sweep(
     ] = None,
     fresh: Annotated[bool, typer.Option(help="discard results already in --out")] = False,
     figures: Annotated[bool, typer.Option(help="write plotly HTML figures to OUT/figures")] = True,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Run a grid of what-if points (hardware, workload, strategy); resumable, local or on Dask."""
     from offsim.sweep.spec import load_spec
@@ -180,6 +173,14 @@ def _sweep_exit(outcome: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- size
+class Objective(StrEnum):
+    """What ``size`` minimises: the purchase price, the steps up the value lists, or the price when known."""
+
+    AUTO = "auto"
+    COST = "cost"
+    SIZE = "size"
+
+
 def _parse_scalar(text: str) -> Any:
     return yaml.safe_load(text) if text.strip() else text
 
@@ -304,9 +305,9 @@ def size_command(
     vary: Annotated[
         str, typer.Option(help="comma-separated dimensions to search, e.g. dram_gib,nvme_drives,pcie_gen")
     ],
-    hardware: HardwareOpt = DEFAULT_HARDWARE,
-    workload: WorkloadOpt = DEFAULT_WORKLOAD,
-    strategy: StrategyOpt = DEFAULT_STRATEGY,
+    hardware: opt.Hardware = opt.HARDWARE,
+    workload: opt.Workload = opt.WORKLOAD,
+    strategy: opt.Strategy = opt.STRATEGY,
     target_iteration_s: Annotated[
         float | None, typer.Option(help="largest acceptable iteration time, s")
     ] = None,
@@ -318,38 +319,49 @@ def size_command(
         list[str] | None, typer.Option("--set", help="fixed override for every point: KEY=VALUE")
     ] = None,
     objective: Annotated[
-        str, typer.Option(help="cost (purchase price), size (fewest steps up), or auto")
-    ] = "auto",
+        Objective, typer.Option(help="cost (purchase price), size (fewest steps up), or auto")
+    ] = Objective.AUTO,
     prefilter: Annotated[
         bool, typer.Option(help="settle points by the closed-form bound when possible")
     ] = True,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    iterations: opt.Iterations = opt.ITERATIONS,
+    out: Annotated[Path | None, opt.out("write every evaluated point as CSV here")] = None,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Find the cheapest (or smallest) machine meeting a target, by a monotone search."""
     from offsim.sweep.evaluate import Goal
     from offsim.sweep.sizing import size
 
-    if objective not in ("auto", "cost", "size"):
-        fail(f"--objective must be auto, cost or size, not {objective!r}")
+    check_out_file(out)
     try:
         goal = Goal(target_iteration_s, target_tokens_per_s)
         dims = [d.strip() for d in vary.split(",") if d.strip()]
         result = size(hardware, workload, strategy, dims, goal,
                       values=_parse_assignments(values or [], "--values", many=True),
                       fixed=_parse_assignments(set_ or [], "--set", many=False),
-                      objective=objective, prefilter=prefilter)
+                      objective=objective.value, prefilter=prefilter, iterations=iterations)
     except OffsimError as exc:
         fail(str(exc))
+    if out is not None:
+        result.evaluated.to_csv(out, index=False)
     if as_json:
         print_json(_size_doc(result))
     else:
-        if result.answer is not None:
-            console.print(_size_table(result))
-        for line in _why(result) if not quiet or result.answer is None else _why(result)[:1]:
-            say(f"- {line}")
+        _print_size(result, quiet)
+        if out is not None and not quiet:
+            say(f"evaluated points written to {out}")
     if result.answer is None:
         raise typer.Exit(EXIT_NO)
+
+
+def _print_size(result: Any, quiet: bool) -> None:
+    """The answer's table and why (only the first line with ``quiet``, unless there is no answer)."""
+    if result.answer is not None:
+        console.print(_size_table(result))
+    why = _why(result)
+    for line in why if not quiet or result.answer is None else why[:1]:
+        say(f"- {line}")
 
 
 def _size_doc(result: Any) -> dict[str, Any]:

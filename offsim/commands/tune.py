@@ -10,22 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from offsim.commands._common import (
-    DEFAULT_HARDWARE,
-    DEFAULT_WORKLOAD,
-    HardwareOpt,
-    IterationsOpt,
-    JsonOpt,
-    QuietOpt,
-    WarmupOpt,
-    WorkloadOpt,
-    check_out_file,
-    console,
-    fail,
-    load_config,
-    print_json,
-    say,
-)
+from offsim.commands import _options as opt
+from offsim.commands._common import check_out_file, console, fail, load_config, print_json, say
 
 
 def _summary(result: Any, hardware: str, workload: str) -> dict[str, Any]:  # a SearchResult
@@ -63,20 +49,19 @@ def _print(summary: dict[str, Any], result: Any, quiet: bool) -> None:
 
 
 def tune(
-    hardware: HardwareOpt = DEFAULT_HARDWARE,
-    workload: WorkloadOpt = DEFAULT_WORKLOAD,
-    base_strategy: Annotated[str, typer.Option(
-        "--strategy", "--base-strategy", "-s",
-        help="baseline to beat; also supplies the fields ProTrain does not set")] = "zero-infinity-cpu",
+    hardware: opt.Hardware = opt.HARDWARE,
+    workload: opt.Workload = opt.WORKLOAD,
+    base_strategy: Annotated[str, opt.strategy(
+        "baseline to beat; also supplies the fields ProTrain does not set", "--base-strategy")]
+    = "zero-infinity-cpu",
     grid: Annotated[str, typer.Option(help="search grid: small or default")] = "default",
-    as_json: JsonOpt = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="write the chosen strategy as YAML here")]
-    = None,
+    as_json: opt.Json = False,
+    out: Annotated[Path | None, opt.out("write the chosen strategy as YAML here")] = None,
     csv: Annotated[Path | None, typer.Option(help="write every candidate (status, reason, time) as CSV")]
     = None,
-    iterations: IterationsOpt = 3,
-    warmup: WarmupOpt = 1,
-    quiet: QuietOpt = False,
+    iterations: opt.Iterations = opt.ITERATIONS,
+    warmup: opt.Warmup = opt.WARMUP,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Search ProTrain's knobs (persistent chunks, prefetch depth, blocks that swap or recompute
     activations, CPU step overlap) by simulation; print the choice and its time against the base.
