@@ -12,6 +12,12 @@ reference, not the optimum and not a bound (a heuristic can fetch less; it was c
 "belady (heuristic)". ``bytes_over_offline_plan`` is what the policy fetched beyond it (negative
 where the policy fetched less).
 
+Every figure is read from the held records and the repeats of the steady-state shortcut
+(:class:`CacheEvents`): a stretch of records is summed once however many copies the run holds,
+a cache emptied every iteration is planned once per distinct iteration, and a persistent cache's
+plan covers the run's start and its first :data:`PERSISTENT_PLAN_ITERATIONS` steady iterations,
+so the cost stays constant past the steady state.
+
 :func:`cache_bound` bounds the bytes any policy must move in a cache from below and the best
 schedule found from above (:mod:`offsim.policies.bounds`: the min-cost-flow bound for tensors of
 several sizes); it is a bound whatever the sizes, and what ``offsim compare`` and the run table
@@ -22,14 +28,15 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from offsim.policies.opt import optimal_plan
-from offsim.trace import CacheEvent, Recorder
+from offsim.trace import CacheEvent, Recorder, RecordLog
 
 if TYPE_CHECKING:  # the bounds need SciPy: imported where a bound is computed, not by every run
     from offsim.policies.bounds import CacheBound, Problem
@@ -84,54 +91,167 @@ class CacheStats(BaseModel):
 
 PARAM_STALL_SUFFIX = "waits for params"  # names of the GPU's stall spans for parameters (engine)
 
+#: A persistent cache's offline plan covers the run from its start through this many steady
+#: iterations (all of them when there are fewer); its figure is their average. Later steady
+#: iterations repeat them, so the figure does not depend on how many iterations were run, and its
+#: cost stays constant past the steady state (issue 16).
+PERSISTENT_PLAN_ITERATIONS = 2
 
-def _plan_per_iteration(events: list[CacheEvent], info: dict,
-                       steady: list[int]) -> tuple[dict[int, float], bool]:
-    """Bytes the offline plan fetches in each steady iteration."""
-    accesses = [e for e in events if e.kind in ("hit", "miss")]
-    sizes = {e.tensor: e.bytes for e in accesses}
+
+@dataclass
+class _Piece:
+    """One cache's events of one iteration within one stretch of held records."""
+
+    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    accesses: list[tuple[int, float]] = field(default_factory=list)  # (tensor, bytes) of hits and misses
+
+
+@dataclass
+class _Stretch:
+    """The held records ``items[first:last]``, per cache: its pieces by iteration, and its
+    accesses in record order with their iterations (for sequences over several iterations)."""
+
+    pieces: dict[tuple[str, int], _Piece]
+    ordered: dict[str, list[tuple[int, int, float]]]  # cache -> (iteration, tensor, bytes)
+
+
+def _stretch(items: list[CacheEvent]) -> _Stretch:
+    out = _Stretch({}, defaultdict(list))
+    for e in items:
+        piece = out.pieces.get((e.cache, e.iteration))
+        if piece is None:
+            piece = out.pieces[(e.cache, e.iteration)] = _Piece()
+        piece.counts[e.kind] += 1
+        piece.sums[e.kind] += e.bytes
+        piece.sums["stall"] += e.seconds
+        if e.kind in ("hit", "miss"):
+            piece.accesses.append((e.tensor, e.bytes))
+            out.ordered[e.cache].append((e.iteration, e.tensor, e.bytes))
+    return out
+
+
+@dataclass
+class CacheEvents:
+    """A run's cache events read from the held records and the repeats the steady-state shortcut
+    left (:meth:`offsim.trace.RecordLog.runs`): each stretch of held records is read once, however
+    many copies of it the run holds. ``iterations[cache][it]`` are the pieces iteration ``it``
+    is made of, in order: two iterations made of the same pieces saw the same events.
+
+    Attributes:
+        iterations: per cache, per iteration, (stretch key, piece) in record order.
+        runs: every run of the records: (stretch, iteration shift).
+    """
+
+    iterations: dict[str, dict[int, list[tuple[tuple[int, int, int], _Piece]]]]
+    runs: list[tuple[_Stretch, int]]
+
+    @classmethod
+    def of(cls, rec: Recorder) -> CacheEvents:
+        """The recorder's cache events, indexed once until more is recorded."""
+        out = rec.cache_events.derived("cache_stats", _index)
+        assert isinstance(out, CacheEvents)
+        return out
+
+    def accesses(self, cache: str, wanted: Callable[[int], bool]) -> list[tuple[int, int, float]]:
+        """(iteration, tensor, bytes) of every hit and miss of ``cache`` in the iterations
+        ``wanted`` accepts, in the engine's order."""
+        return [(it + d_iteration, tensor, nbytes) for stretch, d_iteration in self.runs
+                for it, tensor, nbytes in stretch.ordered.get(cache, ()) if wanted(it + d_iteration)]
+
+    def sequence(self, cache: str, wanted: Callable[[int], bool]) -> tuple[list[int], dict[int, float]]:
+        """The tensors ``cache`` was asked for in the iterations ``wanted`` accepts, in the
+        engine's order, and their bytes."""
+        accesses = self.accesses(cache, wanted)
+        return [t for _it, t, _b in accesses], {t: b for _it, t, b in accesses}
+
+
+def _index(log: RecordLog[CacheEvent]) -> CacheEvents:
+    items = log.window()
+    stretches: dict[tuple[int, int], _Stretch] = {}
+    out = CacheEvents(defaultdict(lambda: defaultdict(list)), [])
+    for first, last, _dt_s, d_iteration in log.runs():
+        stretch = stretches.get((first, last))
+        if stretch is None:
+            stretch = stretches[(first, last)] = _stretch(items[first:last])
+        out.runs.append((stretch, d_iteration))
+        for (cache, it), piece in stretch.pieces.items():
+            out.iterations[cache][it + d_iteration].append(((first, last, it), piece))
+    return out
+
+
+def _stall_per_iteration(rec: Recorder) -> dict[int, float]:
+    """Seconds the GPU waited for parameters in each iteration (its "waits for params" spans),
+    each stretch of held spans read once."""
+    items = rec.spans.window()
+    stretches: dict[tuple[int, int], dict[int, float]] = {}
+    out: dict[int, float] = defaultdict(float)
+    for first, last, _dt_s, d_iteration in rec.spans.runs():
+        part = stretches.get((first, last))
+        if part is None:
+            part = stretches[(first, last)] = defaultdict(float)
+            for s in items[first:last]:
+                if s.resource == "gpu_stall" and s.name.endswith(PARAM_STALL_SUFFIX):
+                    part[s.iteration] += s.end_s - s.start_s
+        for it, seconds in part.items():
+            out[it + d_iteration] += seconds
+    return out
+
+
+def _plan_bytes(events: CacheEvents, name: str, info: dict, steady: list[int]) -> tuple[float, bool]:
+    """Bytes per steady iteration the offline plan fetches, and whether its search was complete.
+
+    A cache emptied every iteration: one plan per distinct iteration (the same pieces, the same
+    sequence). A persistent cache: one plan over the run from its start through the first
+    :data:`PERSISTENT_PLAN_ITERATIONS` steady iterations, averaged over those."""
     capacity = info["capacity_bytes"]
     if capacity is None:
         capacity = info["peak_bytes"]
-    out: dict[int, float] = {}
-    exact = True
     if info["persistent"]:
-        plan = optimal_plan([e.tensor for e in accesses], sizes, capacity)
-        for e, b in zip(accesses, plan.fetched_bytes, strict=True):
-            out[e.iteration] = out.get(e.iteration, 0.0) + b
-        return out, plan.exact
+        window = steady[:PERSISTENT_PLAN_ITERATIONS]
+        accesses = events.accesses(name, lambda it: it <= window[-1])
+        plan = optimal_plan([t for _it, t, _b in accesses], {t: b for _it, t, b in accesses}, capacity)
+        wanted = set(window)
+        fetched = sum(b for (it, _t, _s), b in zip(accesses, plan.fetched_bytes, strict=True) if it in wanted)
+        return fetched / len(window), plan.exact
+    per_iteration = events.iterations[name]
+    sizes = {t: b for pieces in per_iteration.values() for _key, piece in pieces for t, b in piece.accesses}
+    plans: dict[tuple[tuple[int, int, int], ...], tuple[float, bool]] = {}
+    total, exact = 0.0, True
     for it in steady:
-        seq = [e.tensor for e in accesses if e.iteration == it]
-        plan = optimal_plan(seq, sizes, capacity)
-        out[it], exact = plan.total_bytes, exact and plan.exact
-    return out, exact
+        pieces = per_iteration.get(it, [])
+        key = tuple(k for k, _piece in pieces)
+        if key not in plans:
+            plan = optimal_plan([t for _k, piece in pieces for t, _b in piece.accesses], sizes, capacity)
+            plans[key] = (plan.total_bytes, plan.exact)
+        total, exact = total + plans[key][0], exact and plans[key][1]
+    return total / len(steady), exact
 
 
-def _one_cache(rec: Recorder, name: str, info: dict, steady: list[int]) -> CacheStats:
+def _one_cache(rec: Recorder, events: CacheEvents, name: str, info: dict, steady: list[int]) -> CacheStats:
     n = len(steady)
-    steady_set = set(steady)
-    events = [e for e in rec.cache_events if e.cache == name]
+    counts: dict[str, float] = defaultdict(float)
     sums: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.iteration in steady_set:
-            sums[e.kind + "_n"] += 1
-            sums[e.kind] += e.bytes
-            sums["stall"] += e.seconds
+    per_iteration = events.iterations.get(name, {})
+    for it in steady:
+        for _key, piece in per_iteration.get(it, []):
+            for kind, k in piece.counts.items():
+                counts[kind] += k
+            for kind, x in piece.sums.items():
+                sums[kind] += x
     if name == "gpu_params":
-        sums["stall"] = sum(s.end_s - s.start_s for s in rec.spans
-                            if s.resource == "gpu_stall" and s.iteration in steady_set
-                            and s.name.endswith(PARAM_STALL_SUFFIX))
-    plan, exact = _plan_per_iteration(events, info, steady) if events else ({}, True)
-    plan_bytes = sum(plan.get(it, 0.0) for it in steady) / n
-    accesses = sums["hit_n"] + sums["miss_n"]
+        stall = _stall_per_iteration(rec)
+        sums["stall"] = sum(stall.get(it, 0.0) for it in steady)
+    plan_bytes, exact = _plan_bytes(events, name, info, steady) if per_iteration else (0.0, True)
+    accesses = counts["hit"] + counts["miss"]
     over = sums["miss"] / n - plan_bytes
     if abs(over) <= 1e-9 * max(plan_bytes, 1.0):  # the same bytes summed in another order
         over = 0.0
     return CacheStats(
         tier=info["tier"], policy=info["policy"], fetch_links=info["fetch_links"],
         writeback_links=info["writeback_links"], capacity_bytes=info["capacity_bytes"],
-        peak_bytes=info["peak_bytes"], hits=sums["hit_n"] / n, misses=sums["miss_n"] / n,
-        hit_rate=sums["hit_n"] / accesses if accesses else None, bytes_fetched=sums["miss"] / n,
+        peak_bytes=info["peak_bytes"], hits=counts["hit"] / n, misses=counts["miss"] / n,
+        hit_rate=counts["hit"] / accesses if accesses else None, bytes_fetched=sums["miss"] / n,
         bytes_evicted=(sums["evict"] + sums["release"]) / n, bytes_written_back=sums["writeback"] / n,
         stall_s=sums["stall"] / n, offline_plan_bytes_fetched=plan_bytes,
         bytes_over_offline_plan=over, offline_plan_exact=exact,
@@ -142,7 +262,8 @@ def cache_stats(rec: Recorder, steady: list[int]) -> dict[str, CacheStats]:
     """Statistics of every cache the run had, averaged over the ``steady`` iterations."""
     if not steady:
         return {}
-    return {name: _one_cache(rec, name, info, steady) for name, info in rec.cache_info.items()}
+    events = CacheEvents.of(rec)
+    return {name: _one_cache(rec, events, name, info, steady) for name, info in rec.cache_info.items()}
 
 
 # ---------------------------------------------------------------- bounds (offsim.policies.bounds)
@@ -151,9 +272,7 @@ def access_sequence(rec: Recorder, cache: str,
     """The tensors ``cache`` was asked for in ``iterations`` (in the engine's order), and their
     bytes: the same sequence the engine's cache served, read from its hit and miss events."""
     wanted = set(iterations)
-    accesses = [e for e in rec.cache_events if e.cache == cache and e.kind in ("hit", "miss")
-                and e.iteration in wanted]
-    return [e.tensor for e in accesses], {e.tensor: e.bytes for e in accesses}
+    return CacheEvents.of(rec).sequence(cache, wanted.__contains__)
 
 
 def _replays(problem: Problem, sequence: list[int], sizes: dict[int, float],

@@ -127,6 +127,7 @@ class RecordLog(Sequence[T]):
         self.repeats: list[Repeat] = []
         self.shift = shift
         self._expanded: tuple[Mark, list[T]] | None = None
+        self._derived: dict[str, tuple[Mark, object]] = {}
 
     def append(self, item: T) -> None:
         """Record one item."""
@@ -144,6 +145,22 @@ class RecordLog(Sequence[T]):
     def window(self) -> list[T]:
         """The records held (those simulated), in order."""
         return self.items
+
+    def runs(self) -> Iterator[tuple[int, int, float, int]]:
+        """Every record, in the order :meth:`__iter__` gives them, as runs of held items
+        ``(first, last, seconds, iterations)``: ``items[first:last]``, each shifted by ``seconds``
+        and ``iterations`` (0 and 0 where held as recorded); for sums and sequences that need not
+        build every copy (one run per copy of a repeat and per stretch between repeats)."""
+        return self._segments(Mark(0, 0), self.mark(), 0.0, 0)
+
+    def derived(self, key: str, build: Callable[[RecordLog[T]], object]) -> object:
+        """``build(self)``, kept under ``key`` until more is recorded (for readers that index
+        the records once for several questions)."""
+        mark = self.mark()
+        held = self._derived.get(key)
+        if held is None or held[0] != mark:
+            held = self._derived[key] = (mark, build(self))
+        return held[1]
 
     def _segments(self, start: Mark, end: Mark, dt_s: float,
                   d_iteration: int) -> Iterator[tuple[int, int, float, int]]:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from offsim import load_profile, load_strategy, load_workload, make_run_config
-from offsim.api import resolve
+from offsim.api import resolve, simulate
 from offsim.cache_stats import cache_stats
 from offsim.config.run import RunConfig
 from offsim.errors import InfeasibleError
@@ -193,3 +193,35 @@ def test_record_log_copies_in_order() -> None:
             got[0] += count
             got[1], got[2] = min(got[1], item[1] + low_s), max(got[2], item[1] + high_s)
     assert per_iteration == {0: [6, 0.0, 5.0], 1: [5, 11.0, 15.0], 2: [1, 30.0, 30.0]}
+
+
+def test_record_log_runs_cover_every_copy() -> None:
+    """``runs`` gives every record as stretches of held items and their shifts, in order."""
+    from offsim.trace import RecordLog
+
+    log: RecordLog[tuple[int, float]] = RecordLog(lambda x, dt, di: (x[0] + di, x[1] + dt))
+    log.append((0, 0.0))
+    outer = log.mark()
+    log.append((0, 1.0))
+    inner = log.mark()
+    log.append((0, 2.0))
+    log.repeat(inner, 2, 1.0, 0)
+    log.append((0, 5.0))
+    log.repeat(outer, 1, 10.0, 1)
+    log.append((2, 30.0))
+    held = log.window()
+    rebuilt = [(x[0] + di, x[1] + dt) for first, last, dt, di in log.runs() for x in held[first:last]]
+    assert rebuilt == list(log)
+
+
+def test_cache_statistics_do_not_depend_on_the_iteration_count() -> None:
+    """Past the steady state every cache figure, the offline plan of a persistent cache included
+    (planned over the start and the first two steady iterations), is the same for a longer run."""
+    from offsim.cache_stats import PERSISTENT_PLAN_ITERATIONS
+
+    short = simulate(make_run_config("tiny", "tiny", "zero-infinity-nvme", iterations=4))
+    long = simulate(make_run_config("tiny", "tiny", "zero-infinity-nvme", iterations=12))
+    assert PERSISTENT_PLAN_ITERATIONS <= 3
+    assert set(short.metrics.cache) == {"gpu_params", "dram_optimizer"}
+    for name, c in short.metrics.cache.items():
+        assert _differences(c.model_dump(), long.metrics.cache[name].model_dump()) == [], name
