@@ -21,9 +21,8 @@ from pydantic import BaseModel
 from offsim import __version__
 from offsim.commands import _options as opt
 from offsim.commands._common import (
-    EXIT_NO,
-    EXIT_OK,
     DataKind,
+    ExitCode,
     check_out_file,
     fail,
     list_shipped,
@@ -42,7 +41,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True)
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"offsim {__version__}")
-        raise typer.Exit(EXIT_OK)
+        raise typer.Exit(ExitCode.OK)
 
 
 @app.callback()
@@ -93,7 +92,7 @@ def run(
         if trace is not None and result.feasible:
             say(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
     if not result.feasible:
-        raise typer.Exit(EXIT_NO)
+        raise typer.Exit(ExitCode.NO)
 
 
 def _write_run_files(result: Any, trace: Path | None, spans_csv: Path | None) -> None:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from offsim import __version__
 from offsim.cli import app
-from offsim.commands._common import DEFAULT_HARDWARE, DEFAULT_STRATEGY, DEFAULT_WORKLOAD
+from offsim.commands import _options as opt
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -129,14 +129,14 @@ def test_defaults_are_the_readme_main_example(command: str) -> None:
     command takes one strategy to run as it is (``compare``, ``rok`` and ``tune`` need one with
     something to vary; ``fit`` checks every shipped one)."""
     options = _options(command)
-    defaults = {"--hardware": DEFAULT_HARDWARE, "--workload": DEFAULT_WORKLOAD}
+    defaults = {"--hardware": opt.HARDWARE, "--workload": opt.WORKLOAD}
     if command in ("run", "report", "size", "schedule"):
-        defaults["--strategy"] = DEFAULT_STRATEGY
+        defaults["--strategy"] = opt.STRATEGY
     for option, default in defaults.items():
         assert options[option].default in (default, [default]), (command, option)
         assert default in _help(command), (command, option)
     readme = (ROOT / "README.md").read_text()
-    assert f"--hardware {DEFAULT_HARDWARE} --workload {DEFAULT_WORKLOAD} --strategy {DEFAULT_STRATEGY}" in readme
+    assert f"--hardware {opt.HARDWARE} --workload {opt.WORKLOAD} --strategy {opt.STRATEGY}" in readme
 
 
 def test_version_flag() -> None:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from enum import IntEnum, StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import typer
 from rich.console import Console
@@ -47,31 +47,20 @@ class ExitCode(IntEnum):
     TERMINATED = 143
 
 
-EXIT_OK = ExitCode.OK
-EXIT_NO = ExitCode.NO
-EXIT_BAD_INPUT = ExitCode.BAD_INPUT
-EXIT_INTERRUPTED = ExitCode.INTERRUPTED
-EXIT_TERMINATED = ExitCode.TERMINATED
-
-#: The README's main example (declared in :mod:`offsim.commands._options`, with every shared option).
-DEFAULT_HARDWARE = opt.HARDWARE
-DEFAULT_WORKLOAD = opt.WORKLOAD
-DEFAULT_STRATEGY = opt.STRATEGY
-
 console = Console()
 err_console = Console(stderr=True)
 
-#: The shared option types under their earlier names (new code reads ``opt.Hardware`` and so on).
-HardwareOpt = opt.Hardware
-WorkloadOpt = opt.Workload
-StrategyOpt = opt.Strategy
-JsonOpt = opt.Json
-QuietOpt = opt.Quiet
-IterationsOpt = opt.Iterations
-WarmupOpt = opt.Warmup
+#: Earlier names that :mod:`offsim.commands.validate` still imports (the other commands read
+#: ``ExitCode.NO``, ``opt.HARDWARE``, ``opt.Hardware`` and so on).
+EXIT_NO = ExitCode.NO
+DEFAULT_HARDWARE, DEFAULT_WORKLOAD = opt.HARDWARE, opt.WORKLOAD
+HardwareOpt: TypeAlias = opt.Hardware
+WorkloadOpt: TypeAlias = opt.Workload
+JsonOpt: TypeAlias = opt.Json
+QuietOpt: TypeAlias = opt.Quiet
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+def fail(message: str, code: int = ExitCode.BAD_INPUT) -> NoReturn:
     """Print ``message`` as the one error line (markup in it printed as text) and exit ``code``."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from offsim.commands import _options as opt
-from offsim.commands._common import EXIT_NO, check_out_dir, fail, note, print_json, say
+from offsim.commands._common import ExitCode, check_out_dir, fail, note, print_json, say
 
 
 def calibrate(
@@ -48,7 +48,7 @@ def calibrate(
         for line in report.summary_lines():
             say(line)
     if not report.complete:
-        raise typer.Exit(EXIT_NO)
+        raise typer.Exit(ExitCode.NO)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offsim.commands import _options as opt
-from offsim.commands._common import EXIT_NO, check_out_file, console, fail, load_config, print_json, say
+from offsim.commands._common import ExitCode, check_out_file, console, fail, load_config, print_json, say
 from offsim.report.progress import progress_bar
 
 #: ``compare``'s base strategy: a GPU parameter buffer and a DRAM cache over NVMe to vary.
@@ -193,7 +193,7 @@ def compare(
                 say(line)
             _say_written(files)
     if not _any_feasible(table):
-        raise typer.Exit(EXIT_NO)
+        raise typer.Exit(ExitCode.NO)
 
 
 def _run_compare(hardware: str, workload: str, strategy: str, policies: str | None, strategies: str | None,
@@ -297,7 +297,7 @@ def rok(
         _print_rok(curve, f"ROK curve: {workload} on {hardware} ({strategy})")
         _say_written(files)
     if not _any_feasible(curve):
-        raise typer.Exit(EXIT_NO)
+        raise typer.Exit(ExitCode.NO)
 
 
 def _print_rok(curve: pd.DataFrame, title: str) -> None:

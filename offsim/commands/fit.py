@@ -30,7 +30,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offsim.commands import _options as opt
-from offsim.commands._common import EXIT_NO, check_out_file, console, fail, print_json, say
+from offsim.commands._common import ExitCode, check_out_file, console, fail, print_json, say
 
 if TYPE_CHECKING:
     from offsim.config.run import RunConfig
@@ -77,7 +77,7 @@ def fit(
         if out is not None and not quiet:
             say(f"table written to {out}")
     if not report["fits_any"]:
-        raise typer.Exit(EXIT_NO)
+        raise typer.Exit(ExitCode.NO)
 
 
 def _load_inputs(hardware: str, workload: str, strategy: list[str] | None) -> tuple[Any, Any, list[str]]:

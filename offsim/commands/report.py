@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from offsim.commands import _options as opt
-from offsim.commands._common import EXIT_NO, check_out_dir, check_out_file, fail, print_json, say
+from offsim.commands._common import ExitCode, check_out_dir, check_out_file, fail, print_json, say
 from offsim.report.progress import progress_bar
 
 
@@ -76,7 +76,7 @@ def report(
             say(f"{label}: {text}")
         say(f"report written to {out}")
     if not any(r.feasible for r in results):
-        raise typer.Exit(EXIT_NO)
+        raise typer.Exit(ExitCode.NO)
 
 
 def _verdict(result: Any) -> str:

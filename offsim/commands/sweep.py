@@ -24,9 +24,7 @@ from rich.text import Text
 
 from offsim.commands import _options as opt
 from offsim.commands._common import (
-    EXIT_INTERRUPTED,
-    EXIT_NO,
-    EXIT_TERMINATED,
+    ExitCode,
     check_out_dir,
     check_out_file,
     console,
@@ -163,11 +161,11 @@ def _sweep_exit(outcome: Any) -> None:
     """Exit 143 on SIGTERM, 130 on Ctrl-C (saying how to resume), 1 when chunks were lost."""
     resume = "finished points are saved; run the same command again to resume"
     if outcome.interrupted:
-        code = EXIT_TERMINATED if outcome.signal_name == "SIGTERM" else EXIT_INTERRUPTED
-        say(f"{'stopped by SIGTERM' if code == EXIT_TERMINATED else 'interrupted'}: {resume}", stderr=True)
+        code = ExitCode.TERMINATED if outcome.signal_name == "SIGTERM" else ExitCode.INTERRUPTED
+        say(f"{'stopped by SIGTERM' if code == ExitCode.TERMINATED else 'interrupted'}: {resume}", stderr=True)
         raise typer.Exit(code)
     if outcome.failed_chunks:
-        fail(f"{outcome.failed_chunks} chunks were lost to worker failures; run again to retry them", EXIT_NO)
+        fail(f"{outcome.failed_chunks} chunks were lost to worker failures; run again to retry them", ExitCode.NO)
     if not outcome.complete:
         say("stopped before the end (--max-points); run the same command again to continue")
 
@@ -352,7 +350,7 @@ def size_command(
         if out is not None and not quiet:
             say(f"evaluated points written to {out}")
     if result.answer is None:
-        raise typer.Exit(EXIT_NO)
+        raise typer.Exit(ExitCode.NO)
 
 
 def _print_size(result: Any, quiet: bool) -> None:
