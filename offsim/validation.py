@@ -33,8 +33,11 @@ from pydantic import Field, model_validator
 
 from offsim import simulate  # the public entry point (resolves searched values, then simulates)
 from offsim.config.base import Frozen
+from offsim.config.hardware import HardwareProfile
 from offsim.config.loading import load_profile, load_strategy, load_workload, read_yaml, validate_data
 from offsim.config.run import RunConfig, make_run_config
+from offsim.config.strategy import Strategy
+from offsim.config.workload import Workload
 from offsim.errors import ConfigError
 from offsim.metrics import RunMetrics
 
@@ -126,6 +129,9 @@ class ValidationCase(Frozen):
     tolerance: float | None = Field(default=None, gt=0)
     measures: list[Measure] = Field(default_factory=list)
     group: str | None = None  # cases of one group ran on the same machine: their speed order is judged
+    # the work the number comes from (default: the url); held-out intervals leave out every case
+    # of the same source, not only the case itself (offsim.validation_intervals)
+    source: str | None = None
     software: str = ""  # framework version or era, with the reason (e.g. "DeepSpeed 0.13.3: the log's ds_report")
     how_read: HowRead = "text"
     role: Literal["validation", "calibration"] = "validation"
@@ -140,6 +146,11 @@ class ValidationCase(Frozen):
         if self.outcome is Outcome.OOM and self.all_measures():
             raise ValueError("a case that ran out of memory has no measured numbers (it is a verdict check)")
         return self
+
+    @property
+    def source_key(self) -> str:
+        """The source this case's numbers come from: ``source`` when given, else the url."""
+        return self.source or self.url
 
     def all_measures(self) -> list[Measure]:
         """The shorthand number (if any) followed by ``measures``."""
@@ -306,28 +317,37 @@ class CaseResult:
                  "tolerance": m.tolerance, "within": self.verdict_ok and m.within} for m in self.measures]
 
 
-def case_config(case: ValidationCase) -> RunConfig:
-    """The run configuration of a case: its profile, workload and strategy with the overrides."""
+def case_models(case: ValidationCase) -> tuple[HardwareProfile, Workload, Strategy]:
+    """A case's profile, workload and strategy with its overrides applied."""
     for key in case.overrides:
         if key.split(".")[0] not in ("hardware", "workload", "strategy"):
             raise ConfigError(f"case {case.id}: override '{key}' must start with hardware., workload. or strategy.")
     hw = _apply(load_profile(case.hardware), "hardware", case.overrides)
     wl = _apply(load_workload(case.workload), "workload", case.overrides)
     st = _apply(load_strategy(case.strategy), "strategy", case.overrides)
-    return make_run_config(hw, wl, st)
+    return hw, wl, st
+
+
+def case_config(case: ValidationCase) -> RunConfig:
+    """The run configuration of a case: its profile, workload and strategy with the overrides."""
+    return make_run_config(*case_models(case))
+
+
+def measure_results(case: ValidationCase, metrics: RunMetrics, cfg: RunConfig) -> tuple[MeasureResult, ...]:
+    """Each number of ``case`` predicted by ``metrics`` (None where the run does not fit)."""
+    return tuple(
+        MeasureResult(metric=m.metric, kind=metric_kind(m.metric), measured=m.measured,
+                      predicted=metric_value(metrics, m.metric, cfg) if metrics.feasible else None,
+                      tolerance=m.tolerance)
+        for m in case.all_measures())
 
 
 def run_case(case: ValidationCase) -> CaseResult:
     """Simulate one case and judge its verdict of fit and each of its numbers."""
     cfg = case_config(case)
     metrics = simulate(cfg).metrics
-    measures = tuple(
-        MeasureResult(metric=m.metric, kind=metric_kind(m.metric), measured=m.measured,
-                      predicted=metric_value(metrics, m.metric, cfg) if metrics.feasible else None,
-                      tolerance=m.tolerance)
-        for m in case.all_measures())
     return CaseResult(case=case, feasible=metrics.feasible, infeasible_reason=metrics.infeasible_reason,
-                      measures=measures)
+                      measures=measure_results(case, metrics, cfg))
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,14 @@ def test_validate_real_without_cuda_says_so() -> None:
     result = CliRunner().invoke(app, ["validate", "--real", "-H", "tiny", "-w", "tiny", "--layers", "2"])
     assert result.exit_code == 2
     assert "no CUDA device" in result.output
+
+
+def test_validate_real_json_on_stdout() -> None:
+    """--json prints the report on stdout as strict JSON (the shared habit), nothing else there."""
+    pytest.importorskip("torch")
+    result = CliRunner().invoke(app, ["validate", "--real", "-H", "tiny", "-w", "tiny", "--device", "cpu",
+                                      "--layers", "2", "--iterations", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["iteration"] in ("within", "outside")
+    assert [r["what"] for r in report["rows"]] == ["forward", "backward", "optimizer", "iteration"]

@@ -1,0 +1,431 @@
+"""Prediction intervals of the validation cases, and how often they hold (issue 23 part 3).
+
+Each published figure of a case gets up to three intervals (p10, p50, p90), each from its own
+source of uncertainty:
+
+* ``inputs``: the values of a profile, workload or strategy that are assumptions carry a range
+  (``validation/assumptions.yaml``, each range with its source). The case is simulated at ``n``
+  Latin-hypercube draws of the ranges that apply to it; the quantiles are taken over the draws
+  that fit. This is what a user's run would report (:func:`input_quantiles`).
+* ``model``: the spread of offsim's error on *other* cases. The residual of a figure is its
+  measured / predicted ratio as time or bytes (a throughput's is predicted / measured). A case's
+  interval uses the residuals of the same kind of figure from the validation cases of every
+  *other* source (held out by source: a case never sees its own residual, nor its siblings' from
+  the same paper or artifact; ``holdout="case"`` leaves out the case alone). With fewer than
+  :data:`MIN_POOL` such residuals the pool is the kind's family (time: iteration and phases;
+  memory: GPU and host); still fewer, and the figure has no interval. Calibration cases give no
+  residual.
+* ``combined``: every input draw times every held-out residual.
+
+:func:`coverage` reports, per source and per kind of figure, the share of validation figures whose
+measured value lies within [p10, p90] (coverage) and the median p90/p10 ratio (sharpness: an
+interval that covers everything is no answer).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from offsim import simulate
+from offsim.config.base import Frozen
+from offsim.config.loading import read_yaml, validate_data
+from offsim.config.run import RunConfig, make_run_config
+from offsim.errors import ConfigError
+from offsim.metrics import RunMetrics
+from offsim.validation import (
+    THROUGHPUT_METRICS,
+    CaseResult,
+    MeasureResult,
+    MetricKind,
+    ValidationCase,
+    case_models,
+    metric_value,
+)
+
+#: Fewest held-out residuals an interval is taken from (below: the kind's family, then none).
+MIN_POOL = 5
+#: The quantiles of an interval.
+LOW_Q, MID_Q, HIGH_Q = 0.10, 0.50, 0.90
+#: The sources of an interval, in the order they are reported.
+SOURCES = ("inputs", "model", "combined")
+_FAMILY = {
+    MetricKind.ITERATION: "time", MetricKind.FORWARD: "time", MetricKind.BACKWARD: "time",
+    MetricKind.OPTIMIZER: "time", MetricKind.GPU_MEMORY: "memory", MetricKind.HOST_MEMORY: "memory",
+}
+_PARTS = ("hardware", "workload", "strategy")
+_CPU_RATE = "hardware.cpu.optimizer_params_per_s"
+Holdout = Literal["source", "case"]
+Residual = tuple[ValidationCase, MeasureResult, float]  # a figure of a case and its measured / predicted ratio
+
+
+# ----------------------------------------------------------------------------- the ranges
+class Assumption(Frozen):
+    """A range of assumed input values: one factor, drawn log-uniformly, on every path."""
+
+    id: str = Field(min_length=1)
+    paths: list[str] = Field(min_length=1)
+    scale: tuple[float, float] = Field(strict=False)  # YAML gives a list
+    clip: tuple[float, float] | None = Field(default=None, strict=False)
+    when: dict[str, Any] = Field(default_factory=dict)
+    source: str = Field(min_length=1)
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> Assumption:
+        low, high = self.scale
+        if not 0 < low <= 1 <= high:
+            raise ValueError(f"scale [{low}, {high}] must hold 1 with 0 < low <= 1 <= high")
+        for path in [*self.paths, *self.when]:
+            if path.split(".")[0] not in _PARTS or "." not in path:
+                raise ValueError(f"path '{path}' must start with hardware., workload. or strategy.")
+        return self
+
+
+class AssumptionsFile(Frozen):
+    """The file: a schema version and the ranges."""
+
+    schema_version: Literal[1] = 1
+    assumptions: list[Assumption]
+
+    @model_validator(mode="after")
+    def _unique(self) -> AssumptionsFile:
+        ids = [a.id for a in self.assumptions]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"duplicate assumption ids: {', '.join(dup)}")
+        return self
+
+
+def load_assumptions(path: Path) -> list[Assumption]:
+    """Read and validate an assumptions file; errors name the file and the field."""
+    return validate_data(AssumptionsFile, read_yaml(path), str(path)).assumptions
+
+
+def default_assumptions_path() -> Path:
+    """The shipped ``validation/assumptions.yaml`` (installed copy first, then the checkout)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_data" / "validation" / "assumptions.yaml",
+                      here.parent / "validation" / "assumptions.yaml"):
+        if candidate.exists():
+            return candidate
+    raise ConfigError("shipped validation/assumptions.yaml not found")
+
+
+Models = dict[str, Any]  # "hardware" / "workload" / "strategy" -> the pydantic model
+
+
+def _get(models: Models, dotted: str) -> Any:
+    part, *keys = dotted.split(".")
+    node: Any = models[part]
+    for k in keys:
+        node = node.get(k) if isinstance(node, dict) else getattr(node, k, None)
+        if node is None:
+            return None
+    return node
+
+
+def applies(assumption: Assumption, models: Models) -> bool:
+    """Every path of ``assumption`` is a number (or a curve) in ``models`` and its ``when`` holds."""
+    if any(str(_get(models, p)) != str(v) for p, v in assumption.when.items()):
+        return False
+    return all(isinstance(_get(models, p), int | float | list) for p in assumption.paths)
+
+
+def _scaled(value: Any, factor: float, clip: tuple[float, float] | None) -> Any:
+    def one(x: float) -> float:
+        y = x * factor
+        return y if clip is None else min(max(y, clip[0]), clip[1])
+
+    if isinstance(value, list | tuple):  # a curve of [x, y] points: the y values are scaled
+        return [[p[0], one(p[1])] for p in value]
+    return one(float(value))
+
+
+def _set(data: dict[str, Any], keys: Sequence[str], value: Any) -> None:
+    node = data
+    for k in keys[:-1]:
+        node = node[k]
+    node[keys[-1]] = value
+
+
+def _effective_cpu_rate(models: Models) -> float:
+    """The node's CPU Adam rate this configuration runs at, as a measured figure would state it
+    (per-rank rate times the ranks on the node): a derived rate scaled as an override."""
+    from offsim.plan.footprint import state_sizes
+    from offsim.plan.paths import cpu_adam_rank_rate
+
+    cfg = make_run_config(models["hardware"], models["workload"], models["strategy"])
+    ranks = state_sizes(cfg).ranks_per_node
+    return cpu_adam_rank_rate(cfg, ranks) * ranks
+
+
+def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models:
+    """``models`` with each assumption's factor applied, in order (each re-validated, so a
+    derived value such as the CPU Adam rate follows a scaled DRAM bandwidth)."""
+    out = dict(models)
+    for a, factor in draws:
+        for part in _PARTS:
+            paths = [p for p in a.paths if p.split(".")[0] == part]
+            if not paths:
+                continue
+            data = out[part].model_dump()
+            for p in paths:
+                value = _effective_cpu_rate(out) if p == _CPU_RATE else _get(out, p)
+                _set(data, p.split(".")[1:], _scaled(value, factor, a.clip))
+                if p == _CPU_RATE:  # scaled as the override it now is
+                    data["cpu"]["optimizer_rate_origin"] = "measured"
+            out[part] = validate_data(type(out[part]), data, f"assumption '{a.id}'")
+    return out
+
+
+def latin_hypercube(n: int, k: int, rng: random.Random) -> list[list[float]]:
+    """``n`` points in [0, 1)^k, one in each of the ``n`` strata of every axis."""
+    columns = []
+    for _ in range(k):
+        strata = [(i + rng.random()) / n for i in range(n)]
+        rng.shuffle(strata)
+        columns.append(strata)
+    return [[columns[j][i] for j in range(k)] for i in range(n)]
+
+
+def _factor(a: Assumption, u: float) -> float:
+    low, high = a.scale
+    return math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The runs of one configuration at draws of its assumed inputs."""
+
+    assumptions: tuple[str, ...]  # the ids of the ranges that applied
+    samples: int
+    feasible: int  # draws that fit
+    values: dict[str, tuple[float, ...]]  # metric -> its value in each draw that fit
+
+
+def sample_inputs(models: Models, assumptions: Sequence[Assumption], samples: int, seed: str,
+                  metric_fn: Callable[[RunMetrics, RunConfig], dict[str, float | None]],
+                  on_draw: Callable[[], None] | None = None) -> Draws:
+    """Simulate ``samples`` Latin-hypercube draws of the ranges that apply to ``models``;
+    ``metric_fn`` reads what is wanted from each run that fits. Reproducible for a ``seed``."""
+    chosen = [a for a in assumptions if applies(a, models)]
+    values: dict[str, list[float]] = {}
+    feasible = 0
+    for row in latin_hypercube(samples, len(chosen), random.Random(seed)):
+        drawn = perturb(models, [(a, _factor(a, u)) for a, u in zip(chosen, row, strict=True)])
+        cfg = make_run_config(drawn["hardware"], drawn["workload"], drawn["strategy"])
+        metrics = simulate(cfg).metrics
+        if metrics.feasible:
+            feasible += 1
+            for name, v in metric_fn(metrics, cfg).items():
+                if v is not None:
+                    values.setdefault(name, []).append(v)
+        if on_draw is not None:
+            on_draw()
+    return Draws(tuple(a.id for a in chosen), samples, feasible, {k: tuple(v) for k, v in values.items()})
+
+
+def input_quantiles(hardware: Any, workload: Any, strategy: Any, assumptions: Sequence[Assumption],
+                    samples: int = 16, seed: str = "0") -> dict[str, tuple[float, float, float] | None]:
+    """p10/p50/p90 of the iteration time and each tier's peak bytes over draws of the assumed
+    inputs (models as :func:`~offsim.config.run.make_run_config` takes them); None where no draw fits."""
+    tiers = ("gpu", "host_pinned", "host", "nvme")
+
+    def read(m: RunMetrics, _cfg: RunConfig) -> dict[str, float | None]:
+        return {"iteration_time_s": m.iteration_time_s,
+                **{f"peak_bytes.{t}": float(getattr(m.peak_bytes, t)) for t in tiers}}
+
+    models = dict(zip(_PARTS, (hardware, workload, strategy), strict=True))
+    draws = sample_inputs(models, assumptions, samples, seed, read)
+    names = ["iteration_time_s", *(f"peak_bytes.{t}" for t in tiers)]
+    return {n: (tuple(quantile(draws.values[n], q) for q in (LOW_Q, MID_Q, HIGH_Q))  # type: ignore[misc]
+                if draws.values.get(n) else None) for n in names}
+
+
+def case_draws(case: ValidationCase, assumptions: Sequence[Assumption], samples: int, seed: int = 0,
+               on_draw: Callable[[], None] | None = None) -> Draws:
+    """A case's figures at draws of its assumed inputs (seeded by ``seed`` and the case id)."""
+    hw, wl, st = case_models(case)
+    metrics = [m.metric for m in case.all_measures()]
+
+    def read(m: RunMetrics, cfg: RunConfig) -> dict[str, float | None]:
+        return {name: metric_value(m, name, cfg) for name in metrics}
+
+    return sample_inputs({"hardware": hw, "workload": wl, "strategy": st}, assumptions, samples,
+                         f"{seed}:{case.id}", read, on_draw)
+
+
+# ----------------------------------------------------------------------------- intervals
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, linear between order statistics (numpy's default)."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
+
+
+def time_ratio(metric: str, measured: float, predicted: float) -> float:
+    """measured / predicted as time or bytes (a throughput's ratio is predicted / measured)."""
+    return predicted / measured if metric in THROUGHPUT_METRICS else measured / predicted
+
+
+def _to_value(metric: str, predicted: float, ratio: float) -> float:
+    return predicted / ratio if metric in THROUGHPUT_METRICS else predicted * ratio
+
+
+@dataclass(frozen=True)
+class Interval:
+    """p10 / p50 / p90 of one figure from one source, in the figure's units."""
+
+    source: str
+    low: float
+    mid: float
+    high: float
+    basis: str  # what it was taken from, e.g. "7 held-out iteration residuals"
+
+    def covers(self, measured: float) -> bool:
+        """The measured value lies within [p10, p90]."""
+        return self.low <= measured <= self.high
+
+    @property
+    def sharpness(self) -> float:
+        """p90 / p10 (1 = a point)."""
+        return self.high / self.low if self.low > 0 else math.inf
+
+
+def _from_ratios(source: str, metric: str, predicted: float, ratios: Sequence[float], basis: str) -> Interval:
+    qs = [_to_value(metric, predicted, quantile(ratios, q)) for q in (LOW_Q, MID_Q, HIGH_Q)]
+    low, high = min(qs[0], qs[2]), max(qs[0], qs[2])
+    return Interval(source, low, qs[1], high, basis)
+
+
+@dataclass(frozen=True)
+class FigureIntervals:
+    """One published figure of a case with its point prediction and its intervals."""
+
+    case_id: str
+    role: str
+    metric: str
+    kind: MetricKind
+    measured: float
+    predicted: float | None
+    intervals: dict[str, Interval] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)  # source -> why it has no interval
+
+    def row(self) -> dict[str, Any]:
+        """A flat row: p10/p50/p90, covered and sharpness per source."""
+        out: dict[str, Any] = {"id": self.case_id, "metric": self.metric, "kind": str(self.kind),
+                               "measured": self.measured, "predicted": self.predicted}
+        for s in SOURCES:
+            iv = self.intervals.get(s)
+            out.update({f"{s}_p10": iv and iv.low, f"{s}_p50": iv and iv.mid, f"{s}_p90": iv and iv.high,
+                        f"{s}_covers": iv and iv.covers(self.measured),
+                        f"{s}_basis": iv.basis if iv else self.missing.get(s)})
+        return out
+
+
+def _residuals(results: Sequence[CaseResult]) -> list[Residual]:
+    """(case, figure, ratio) of every validation figure offsim predicts (calibration left out)."""
+    return [(r.case, m, time_ratio(m.metric, m.measured, m.predicted))
+            for r in results if r.case.role == "validation"
+            for m in r.measures if m.predicted is not None and m.predicted > 0]
+
+
+def _held_out_pool(case: ValidationCase, kind: MetricKind, residuals: Sequence[Residual], holdout: Holdout
+                   ) -> tuple[list[float], str]:
+    """The ratios an interval of ``case``'s ``kind`` figure may use, and what they are."""
+    def other(c: ValidationCase) -> bool:
+        return c.id != case.id if holdout == "case" else c.source_key != case.source_key
+
+    same = [x for c, m, x in residuals if other(c) and m.kind is kind]
+    if len(same) >= MIN_POOL:
+        return same, f"{len(same)} held-out {kind} residuals"
+    family = _FAMILY.get(kind)
+    wider = [x for c, m, x in residuals if other(c) and family is not None and _FAMILY.get(m.kind) == family]
+    if len(wider) >= MIN_POOL:
+        return wider, f"{len(wider)} held-out {family} residuals ({len(same)} of {kind})"
+    return [], f"{len(wider) if family else len(same)} held-out residuals, fewer than {MIN_POOL}"
+
+
+def _figure(r: CaseResult, m: MeasureResult, draws: Draws | None, residuals: Sequence[Residual],
+            holdout: Holdout) -> FigureIntervals:
+    fig = FigureIntervals(r.case.id, r.case.role, m.metric, m.kind, m.measured, m.predicted)
+    if m.predicted is None or m.predicted <= 0:
+        for s in SOURCES:
+            fig.missing[s] = "no point prediction (offsim rejects the case)"
+        return fig
+    u = [time_ratio(m.metric, v, m.predicted) for v in (draws.values.get(m.metric, ()) if draws else ())]
+    if u:
+        fig.intervals["inputs"] = _from_ratios("inputs", m.metric, m.predicted, u,
+                                               f"{len(u)} of {draws.samples if draws else 0} input draws")
+    else:
+        fig.missing["inputs"] = "no input draws" if draws is None else "no input draw fits"
+    pool, basis = _held_out_pool(r.case, m.kind, residuals, holdout)
+    if pool:
+        fig.intervals["model"] = _from_ratios("model", m.metric, m.predicted, pool, basis)
+    else:
+        fig.missing["model"] = basis
+    if u and pool:
+        fig.intervals["combined"] = _from_ratios("combined", m.metric, m.predicted,
+                                                 [a * b for a in u for b in pool], f"{len(u)} x {len(pool)}")
+    else:
+        fig.missing["combined"] = "needs both the inputs and the model interval"
+    return fig
+
+
+def figure_intervals(results: Sequence[CaseResult], draws: Mapping[str, Draws] | None = None,
+                     holdout: Holdout = "source") -> list[FigureIntervals]:
+    """Every figure of every case with its intervals (``draws`` by case id, from :func:`case_draws`)."""
+    residuals = _residuals(results)
+    return [_figure(r, m, (draws or {}).get(r.case.id), residuals, holdout) for r in results for m in r.measures]
+
+
+# ----------------------------------------------------------------------------- coverage
+@dataclass(frozen=True)
+class CoverageStats:
+    """How often one source's intervals hold, over the validation figures of one kind (or all)."""
+
+    source: str
+    kind: str
+    figures: int  # validation figures with an interval from this source
+    covered: int
+    without: int  # validation figures without one
+    sharpness: float | None  # median p90 / p10
+
+    @property
+    def coverage(self) -> float | None:
+        """Share of figures whose measured value lies within [p10, p90]."""
+        return self.covered / self.figures if self.figures else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form."""
+        return {"source": self.source, "kind": self.kind, "figures": self.figures, "covered": self.covered,
+                "without": self.without, "coverage": self.coverage, "sharpness": self.sharpness}
+
+
+def _stats(source: str, kind: str, figures: Sequence[FigureIntervals]) -> CoverageStats:
+    have = [f for f in figures if source in f.intervals]
+    sharp = [f.intervals[source].sharpness for f in have]
+    return CoverageStats(source, kind, len(have), sum(f.intervals[source].covers(f.measured) for f in have),
+                         len(figures) - len(have), statistics.median(sharp) if sharp else None)
+
+
+def coverage(figures: Sequence[FigureIntervals]) -> list[CoverageStats]:
+    """Coverage and sharpness per source, over all validation figures and per kind of figure
+    (calibration cases left out: their numbers built the profiles)."""
+    evidence = [f for f in figures if f.role == "validation"]
+    kinds = [k for k in MetricKind if any(f.kind is k for f in evidence)]
+    out = []
+    for source in SOURCES:
+        out.append(_stats(source, "all", evidence))
+        out.extend(_stats(source, str(k), [f for f in evidence if f.kind is k]) for k in kinds)
+    return out
