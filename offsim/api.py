@@ -12,12 +12,16 @@ from collections.abc import Callable
 
 from offsim.config.run import RunConfig
 from offsim.results import RunResult
-from offsim.search.swap_amount import resolve_auto_swap
 from offsim.simulation import simulate_resolved
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with every searched value chosen (today: an ``auto-swap`` activation amount)."""
+    """``cfg`` with every searched value chosen (today: an ``auto-swap`` activation amount).
+
+    The search is imported here, not with ``offsim`` (issue 16: ``import offsim`` pays only for
+    what a run uses)."""
+    from offsim.search.swap_amount import resolve_auto_swap
+
     return resolve_auto_swap(cfg)
 
 
