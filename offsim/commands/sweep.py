@@ -222,7 +222,7 @@ def _size_table(result: Any) -> Table:
     t = Table(title=f"{title} machine for {_goal_text(result.goal)}")
     t.add_column("")
     for k in result.dims:
-        t.add_column(k, justify="right")
+        t.add_column(escape(k), justify="right")
     t.add_column("s/iter", justify="right")
     t.add_column("tokens/s", justify="right")
     priced = result.objective == "cost"
@@ -235,8 +235,8 @@ def _size_table(result: Any) -> Table:
             continue
         r = cand.row
         cells = [
-            label,
-            *[str(cand.overrides[k]) for k in result.dims],
+            escape(label),
+            *[escape(str(cand.overrides[k])) for k in result.dims],
             _time_cell(r),
             _fmt(r, "tokens_per_s", ",.0f"),
         ]
