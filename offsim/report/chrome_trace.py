@@ -12,6 +12,11 @@ Layout (Trace Event Format, Google 2016; times in microseconds):
 * complete events (``ph: "X"``) named ``<layer> <tensor> (<phase>)``, with iteration, phase,
   kind, layer, bytes and average rate in ``args``;
 * counter tracks (``ph: "C"``): GiB resident per memory tier and GB/s on each link.
+
+Spans and memory samples are those simulated (``window=True``): repetitions the steady-state
+shortcut skipped are copies of the one before and are left out (``otherData.window`` says how
+many), so the trace of a long run is the size of what was simulated. Iterations and phases are
+all shown.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from offsim.report.tracks import (
     iteration_windows,
     lane_label,
     link_rate_steps,
+    window_note,
 )
 from offsim.results import RunResult
 
@@ -64,8 +70,8 @@ def _phase_events(result: RunResult) -> list[dict[str, Any]]:
 
 
 def _span_events(result: RunResult) -> list[dict[str, Any]]:
-    """Metadata for every resource lane, then one slice per span."""
-    spans = result.recorder.spans
+    """Metadata for every resource lane, then one slice per span simulated."""
+    spans = result.recorder.spans.window()
     lanes = assign_lanes(spans)
     used = sorted({(s.resource, lane) for s, lane in zip(spans, lanes, strict=True)},
                   key=lambda rl: (RESOURCES.index(rl[0]) if rl[0] in RESOURCES else len(RESOURCES), rl))
@@ -95,12 +101,12 @@ def _counter(name: str, unit: str, points: list[tuple[float, float]]) -> list[di
 def _counter_events(result: RunResult) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for tier, label in TIER_LABELS.items():
-        points = [(lv.t_s, lv.bytes / 2**30) for lv in result.recorder.levels if lv.tier == tier]
+        points = [(lv.t_s, lv.bytes / 2**30) for lv in result.recorder.levels.window() if lv.tier == tier]
         if tier == "pfs" and not any(v for _, v in points):
             continue  # no parallel file system in use: no empty counter track
         events += _counter(f"{label}, GiB", "GiB", points)
     for link in LINKS:
-        steps = link_rate_steps(result.recorder.spans, link)
+        steps = link_rate_steps(result.recorder.spans.window(), link)
         events += _counter(f"{RESOURCE_LABELS[link]}, GB/s", "GB/s", [(t, r / 1e9) for t, r in steps])
     return events
 
@@ -119,6 +125,8 @@ def chrome_trace(result: RunResult) -> dict[str, Any]:
                              "warmup_iterations": cfg.warmup_iterations,
                              "iteration_time_s": result.metrics.iteration_time_s,
                              "offsim_version": __version__}
+    if note := window_note(result):
+        other["window"] = note
     if result.feasible and result.recorder.spans:
         from offsim.report.bottleneck import bottleneck
 

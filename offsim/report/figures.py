@@ -40,6 +40,7 @@ from offsim.report.tracks import (
     lane_label,
     link_rate_steps,
     steady_windows,
+    window_note,
 )
 from offsim.results import RunResult
 
@@ -138,10 +139,16 @@ def _bytes_text(nbytes: float) -> str:
     return f"{nbytes / 1e9:.3g} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.3g} MB"
 
 
+def _windowed(result: RunResult) -> str:
+    """A title's note when the steady-state shortcut skipped repetitions (left out of the figure)."""
+    return " (repetitions simulated; those the steady-state shortcut skipped left out)" if window_note(result) else ""
+
+
 def timeline_figure(result: RunResult, title: str | None = None) -> go.Figure:
-    """Gantt chart of every resource over the whole run (one row per lane)."""
-    title = title or f"Timeline: {run_title(result)}"
-    spans = result.spans()
+    """Gantt chart of every resource over the run (one row per lane), the spans simulated
+    (repetitions the steady-state shortcut skipped are left out, and the title says so)."""
+    title = title or f"Timeline: {run_title(result)}{_windowed(result)}"
+    spans = result.spans(window=True)
     if spans.empty:
         return _empty(title, result.metrics.infeasible_reason or "no spans recorded")
     spans = _with_lanes(spans)
@@ -177,9 +184,10 @@ def _level_steps(levels: pd.DataFrame, tier: str, end_s: float) -> tuple[list[fl
 
 
 def memory_figure(result: RunResult, title: str | None = None) -> go.Figure:
-    """Bytes resident per tier over time (GiB), one panel per tier, phases shaded."""
-    title = title or f"Memory per tier: {run_title(result)}"
-    levels = result.levels()
+    """Bytes resident per tier over time (GiB), one panel per tier, phases shaded; the samples
+    simulated (as :func:`timeline_figure`)."""
+    title = title or f"Memory per tier: {run_title(result)}{_windowed(result)}"
+    levels = result.levels(window=True)
     tiers = [t for t in TIERS if (levels.loc[levels["tier"] == t, "bytes"] > 0).any()]
     if not tiers:
         return _empty(title, result.metrics.infeasible_reason or "no memory samples recorded")
@@ -208,9 +216,10 @@ def memory_figure(result: RunResult, title: str | None = None) -> go.Figure:
 
 
 def link_figure(result: RunResult, title: str | None = None) -> go.Figure:
-    """Throughput (GB/s) on each link and direction over time, phases shaded."""
-    title = title or f"Link throughput: {run_title(result)}"
-    spans = list(result.spans().itertuples(index=False))
+    """Throughput (GB/s) on each link and direction over time, phases shaded; the spans
+    simulated (as :func:`timeline_figure`)."""
+    title = title or f"Link throughput: {run_title(result)}{_windowed(result)}"
+    spans = result.recorder.spans.window()
     fig = go.Figure()
     for link in LINKS:
         steps = link_rate_steps(spans, link)

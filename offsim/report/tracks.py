@@ -80,6 +80,18 @@ def lane_label(resource: str, lane: int) -> str:
     return base if lane == 0 else f"{base} #{lane + 1}"
 
 
+def window_note(result: RunResult) -> str:
+    """Empty when every span was simulated; else what a trace or figure of the simulated spans
+    (``window=True``) leaves out: the repetitions the steady-state shortcut skipped, whose
+    records are copies of the last one simulated (issue 16: a trace of a long run stays the size
+    of what was simulated)."""
+    held, every = len(result.recorder.spans.window()), len(result.recorder.spans)
+    if held == every:
+        return ""
+    return (f"{held:,} of {every:,} spans shown, those simulated; the other {every - held:,} are copies in the "
+            "repetitions the steady-state shortcut skipped (each repeats the one before)")
+
+
 def iteration_windows(result: RunResult) -> list[tuple[int, float, float]]:
     """``(iteration, start_s, end_s)`` of every iteration: each lasts until the next starts; the
     last ends when all work ends (the convention of :func:`offsim.metrics.steady_iterations`)."""
