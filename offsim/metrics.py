@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from offsim.cache_stats import CacheStats
 from offsim.config.run import RunConfig
 from offsim.plan.model import model_flop_per_iteration
-from offsim.trace import Recorder, Span, copy_offsets
+from offsim.trace import Recorder, Repeat, Span, copy_offsets
 
 LINKS = ("h2d", "d2h", "nvme_read", "nvme_write")
 EXTRA_LINKS = ("gpu_link", "dram_copy", "pfs_read", "pfs_write")
@@ -130,39 +130,71 @@ class _SpanSums:
     step_bounds: dict[int, list[float]] = field(default_factory=dict)  # iteration -> optimizer [start, end]
 
 
+@dataclass
+class _Group:
+    """The held spans of one iteration that share their copies (one chain of repeats), summed."""
+
+    traffic: dict[str, float] = field(default_factory=dict)
+    busy_s: float = 0.0
+    stall_s: float = 0.0
+    cpu_busy_s: float = 0.0
+    recomputed: dict[int, int] = field(default_factory=dict)
+    step: list[float] | None = None  # optimizer phase: [least start, most end]
+
+    def add(self, s: Span, links: dict[str, float]) -> None:
+        if s.resource in links:
+            self.traffic[s.resource] = self.traffic.get(s.resource, 0.0) + s.bytes
+        elif s.resource == "gpu":
+            self.busy_s += s.end_s - s.start_s
+            if s.kind == "recompute":
+                self.recomputed[s.layer] = self.recomputed.get(s.layer, 0) + 1
+        elif s.resource == "gpu_stall":
+            self.stall_s += s.end_s - s.start_s
+        elif s.resource == "cpu":
+            self.cpu_busy_s += s.end_s - s.start_s
+        if s.phase == "optimizer":
+            if self.step is None:
+                self.step = [s.start_s, s.end_s]
+            else:
+                self.step[0], self.step[1] = min(self.step[0], s.start_s), max(self.step[1], s.end_s)
+
+    def apply(self, out: _SpanSums, iteration: int, count: int, n: int, shifts_s: tuple[float, float]) -> None:
+        """Add ``count`` copies in ``iteration`` (shifted by ``shifts_s``, least and most),
+        averaged over ``n`` iterations."""
+        w = count / n
+        for resource, nbytes in self.traffic.items():
+            out.traffic[resource] += nbytes * w
+        out.busy_s += self.busy_s * w
+        out.stall_s += self.stall_s * w
+        out.cpu_busy_s += self.cpu_busy_s * w
+        for layer, k in self.recomputed.items():
+            out.recomputed[layer] = out.recomputed.get(layer, 0.0) + k * w
+        if self.step is not None:
+            low, high = self.step[0] + shifts_s[0], self.step[1] + shifts_s[1]
+            b = out.step_bounds.setdefault(iteration, [low, high])
+            b[0], b[1] = min(b[0], low), max(b[1], high)
+
+
 def _span_sums(rec: Recorder, steady: set[int], n: int) -> _SpanSums:
-    """Sum the spans of the ``steady`` iterations, each held span once for all its copies (the
-    steady-state shortcut's :class:`~offsim.trace.Repeat` s: :meth:`~offsim.trace.RecordLog.weighted`)."""
+    """Sum the spans of the ``steady`` iterations: the held spans of one iteration that share
+    their copies (the steady-state shortcut's :class:`~offsim.trace.Repeat` s,
+    :meth:`~offsim.trace.RecordLog.weighted`) are summed once, then counted for every copy."""
     out = _SpanSums()
-    offsets: dict[tuple[int, ...], dict[int, tuple[int, float, float]]] = {}
+    groups: dict[tuple[tuple[int, ...], int], _Group] = {}
+    chains: dict[tuple[int, ...], tuple[Repeat, ...]] = {}
     for s, chain in rec.spans.weighted():
         key = tuple(id(r) for r in chain)
-        copies = offsets.get(key)
-        if copies is None:
-            copies = offsets[key] = copy_offsets(chain)
-        for d_iteration, (count, low_s, high_s) in copies.items():
-            if s.iteration + d_iteration in steady:
-                _add_span(out, s, s.iteration + d_iteration, count, n, (low_s, high_s))
+        chains.setdefault(key, chain)
+        group = groups.get((key, s.iteration))
+        if group is None:
+            group = groups[(key, s.iteration)] = _Group()
+        group.add(s, out.traffic)
+    offsets = {key: copy_offsets(chain) for key, chain in chains.items()}
+    for (key, iteration), group in groups.items():
+        for d_iteration, (count, low_s, high_s) in offsets[key].items():
+            if iteration + d_iteration in steady:
+                group.apply(out, iteration + d_iteration, count, n, (low_s, high_s))
     return out
-
-
-def _add_span(out: _SpanSums, s: Span, iteration: int, count: int, n: int, shifts_s: tuple[float, float]) -> None:
-    """Add ``count`` copies of ``s`` in ``iteration`` (shifted by ``shifts_s``, least and most),
-    averaged over ``n`` iterations."""
-    low_s, high_s = shifts_s
-    if s.resource in out.traffic:
-        out.traffic[s.resource] += s.bytes * count / n
-    elif s.resource == "gpu":
-        out.busy_s += (s.end_s - s.start_s) * count / n
-        if s.kind == "recompute":
-            out.recomputed[s.layer] = out.recomputed.get(s.layer, 0.0) + count / n
-    elif s.resource == "gpu_stall":
-        out.stall_s += (s.end_s - s.start_s) * count / n
-    elif s.resource == "cpu":
-        out.cpu_busy_s += (s.end_s - s.start_s) * count / n
-    if s.phase == "optimizer":
-        b = out.step_bounds.setdefault(iteration, [s.start_s + low_s, s.end_s + high_s])
-        b[0], b[1] = min(b[0], s.start_s + low_s), max(b[1], s.end_s + high_s)
 
 
 def _recompute_flop(cfg: RunConfig, recomputed: dict[int, float]) -> float:
