@@ -71,7 +71,8 @@ def test_zero3_offload_layer_forward_and_backward_by_hand() -> None:
 
 def test_zero3_step_reads_every_gradient_and_the_next_fetch_waits_for_it() -> None:
     """The CPU step starts when every layer's gradient is home (a read of each), runs CPU Adam
-    per sub-group, and the compute stream waits for it. The 16-bit parameters live in host
+    per sub-group between DeepSpeed's unscale and cast passes, and the compute stream waits for
+    it. The 16-bit parameters live in host
     memory (ZeRO-3 offload_param: cpu), updated in place: nothing goes up; with them on the GPU
     (ZeRO-Offload) each sub-group's go up after its update."""
     sc = _compile(make_run_config("tiny", "tiny", "zero-infinity-cpu"))
@@ -82,7 +83,11 @@ def test_zero3_step_reads_every_gradient_and_the_next_fetch_waits_for_it() -> No
     homes = [op for op in step.ops if op.tag.activity is Activity.PARAM_UPDATE]
     assert len(adams) >= 1 and not homes
     zo = _block(_compile(make_run_config("tiny", "tiny", "zero-offload")), "step (first")
-    zo_adams = [op for op in zo.ops if op.tag.activity is Activity.OPTIMIZER and op.body.kind is OpKind.FLOW]
+    zo_adams = [op for op in zo.ops if op.tag.activity is Activity.OPTIMIZER and op.body.kind is OpKind.FLOW
+                and op.body.links == ("cpu",)]
+    passes = [op.tag.label.split(",")[0].split(" sub-group")[0] for op in zo.ops
+              if op.body.kind is OpKind.FLOW and op.stream == "cpu_step"]
+    assert passes == ["unscale gradients", "CPU Adam", "cast to 16-bit"] * len(zo_adams)  # DeepSpeed's order per group
     zo_homes = [op for op in zo.ops if op.tag.activity is Activity.PARAM_UPDATE]
     assert len(zo_homes) == len(zo_adams) >= 1 and all(h.body.links == ("h2d",) for h in zo_homes)
     last = step.ops[-1]

@@ -150,7 +150,7 @@ def test_fp16_overflow_check_temporaries_every_step() -> None:
     r = result("tiny", wl, "zero-infinity-nvme")
     second = r.recorder.iteration_starts_s[1]
     assert host_levels(r, after_s=second) == STATIC_DS + PARAMS * 3
-    fused = result("tiny", wl, strategy("zero-infinity-nvme", overflow_check="fused"))
+    fused = result("tiny", wl, strategy("zero-infinity-nvme", system="memascend", overflow_check="fused"))
     assert host_levels(fused, after_s=second) == STATIC_DS
 
 
@@ -194,7 +194,7 @@ def test_memascend_lowers_peak_pinned_host_memory() -> None:
 ])
 def test_each_memascend_switch_alone_lowers_peak_host(workload, switch: dict) -> None:
     ds = run("rtx4090-pcie4-ws", workload, "zero-infinity-nvme")
-    one = run("rtx4090-pcie4-ws", workload, strategy("zero-infinity-nvme", **switch))
+    one = run("rtx4090-pcie4-ws", workload, strategy("zero-infinity-nvme", system="memascend", **switch))
     assert one.peak_bytes.host < ds.peak_bytes.host
     assert one.traffic_bytes == ds.traffic_bytes
 

@@ -27,9 +27,10 @@ def run(hardware, workload, strategy) -> RunResult:
 
 def io_bound(**update) -> object:
     """ZeRO-Infinity optimizer on NVMe, params on the GPU, reads/writes pipelined with the update:
-    the CPU step is bound by storage I/O on this profile."""
+    the CPU step is bound by storage I/O on this profile. Under the mlp-offload system, whose
+    options (striping, the I/O cap) are off unless ``update`` sets them."""
     st = load_strategy("zero-infinity-nvme")
-    base = {"placement": st.placement.model_copy(update={"params": "gpu", "grads": "cpu"}),
+    base = {"placement": st.placement.model_copy(update={"params": "gpu", "grads": "cpu"}), "system": "mlp-offload",
             "optimizer_swap_pipeline": True, "sub_group_params": 2.5e8}
     return st.model_copy(update={**base, **update})
 
@@ -95,7 +96,7 @@ def test_delayed_grad_conversion_halves_grad_bytes_on_storage() -> None:
     """16-bit gradients stored instead of fp32: half the gradient bytes written to NVMe."""
     st = load_strategy("zero-infinity-nvme")
     fp32 = run(HW, WL_SMALL, st).recorder.spans
-    bf16 = run(HW, WL_SMALL, st.model_copy(update={"delayed_grad_conversion": True})).recorder.spans
+    bf16 = run(HW, WL_SMALL, st.model_copy(update={"delayed_grad_conversion": True, "system": "mlp-offload"})).recorder.spans
 
     def grad_bytes(spans: list) -> float:
         return sum(s.bytes for s in spans if s.kind == "grad_offload" and s.resource == "nvme_write")

@@ -56,5 +56,34 @@ def test_an_unknown_system_names_the_file_the_field_and_the_known_ones(tmp_path:
 
 def test_the_perf_model_split_belongs_to_deep_optimizer_states() -> None:
     dos = load_strategy("deep-optimizer-states")
-    with pytest.raises(ValueError, match="deep-optimizer-states"):
-        type(dos).model_validate({**dos.model_dump(), "system": "twin-flow"})
+    foreign = type(dos).model_validate({**dos.model_dump(), "system": "twin-flow"})
+    with pytest.raises(ConfigError, match=r"optimizer_split .* deep-optimizer-states"):
+        compose(make_run_config("tiny", "tiny", foreign))
+
+
+@pytest.mark.parametrize(("name", "field", "value", "owners"), [
+    ("zero-infinity-nvme", "gpudirect_storage", True, "custom / tba-ssdtrain"),
+    ("zero-infinity-nvme", "pfs_share", 0.3, "custom / mlp-offload"),
+    ("zero-offload", "optimizer_schedule", "layerwise", "custom / fuyou / harmony / lsp-offload / protrain"),
+    ("zero-infinity-cpu", "replicated_param_swap", True, "custom / virtual-memory-swap"),
+])
+def test_a_system_refuses_another_systems_mechanism(name: str, field: str, value: object, owners: str) -> None:
+    """A system option set under a system that does not have the mechanism is refused, naming
+    the field, the systems that have it and the way out; under ``custom`` it is accepted."""
+    st = load_strategy(name)
+    foreign = type(st).model_validate({**st.model_dump(), field: value})
+    with pytest.raises(ConfigError, match=f"{field} = .* system {owners}.*not of system '{st.system}'"):
+        compose(make_run_config("tiny", "tiny", foreign))
+    mine = type(st).model_validate({**st.model_dump(), field: value, "system": "custom"})
+    assert compose(make_run_config("tiny", "tiny", mine)).n_layers > 0
+
+
+def test_every_system_declares_options_among_the_system_options() -> None:
+    """``OPTIONS`` of each system is a subset of SYSTEM_OPTIONS; custom has them all; every
+    system option is some published system's."""
+    from offsim.config.strategy import SYSTEM_OPTIONS
+    from offsim.systems._registry import options
+    for name in known_systems():
+        assert options(name) <= set(SYSTEM_OPTIONS), name
+    assert options("custom") == set(SYSTEM_OPTIONS)
+    assert set(SYSTEM_OPTIONS) == set().union(*(options(n) for n in known_systems() if n != "custom"))

@@ -56,6 +56,9 @@ class RunConfig(Frozen):
         if t.tensor_parallel > hw.topology.gpus_per_node:
             raise ValueError(f"workload '{wl.name}' training.tensor_parallel={t.tensor_parallel} spans more than "
                              f"one node of hardware profile '{hw.name}' ({hw.topology.gpus_per_node} GPUs per node)")
+        if st.lp_copy == "fused_zero_copy" and wl.precision.params != "fp16":
+            raise ValueError(f"strategy '{st.name}' lp_copy 'fused_zero_copy' needs fp16 parameters; workload "
+                             f"'{wl.name}' has {wl.precision.params} (DeepSpeed fused the copy for fp16 only)")
         if self.warmup_iterations >= self.iterations:
             raise ValueError("warmup_iterations must be below iterations")
         return self

@@ -221,6 +221,15 @@ class Strategy(Frozen):
                     "skipped for bf16 (stage3.py _overflow_check_and_loss_scale_update); fused: MemAscend's "
                     "fused overflow check, no temporaries",
     )
+    lp_copy: Literal["separate_cast", "fused_zero_copy"] = Field(
+        default="separate_cast",
+        description="how DeepSpeed's CPU step brings the updated fp32 master to the GPU's 16-bit copy "
+                    "(deepspeed_runtime.md 14.1, 14.10 z12_fused_adam_copy): separate_cast, every release "
+                    "since v0.9.0 (PR #3097; #5409 removed the fused kernel) and every bf16 or ZeRO-3 run: a CPU "
+                    "cast pass (4 B read + 2 B written per parameter) after Adam, then the 16-bit upload; "
+                    "fused_zero_copy, v0.3.0-v0.8.3 with fp16 at ZeRO stage 1 or 2: no CPU cast, the GPU "
+                    "reads the fp32 master over PCIe (4 B per parameter)",
+    )
     gpudirect_storage: bool = Field(
         default=False,
         description="activations bound for NVMe move GPU <-> SSD directly (NVIDIA GPUDirect Storage, "
@@ -284,9 +293,6 @@ class Strategy(Frozen):
 
     @model_validator(mode="after")
     def _check_optimizer_split(self) -> Strategy:
-        if self.optimizer_split == "perf-model" and self.system != "deep-optimizer-states":
-            raise ValueError("optimizer_split 'perf-model' is Deep Optimizer States' split: it needs "
-                             "system 'deep-optimizer-states'")
         if self.optimizer_gpu_fraction == 0.0 and self.optimizer_split == "fixed":
             return self
         p = self.placement
@@ -328,6 +334,9 @@ class Strategy(Frozen):
             raise ValueError("grad_compression_ratio > 1 needs optimizer_schedule 'layerwise' (LSP-Offload's schedule)")
         if self.delayed_param_update and self.optimizer_device != "cpu":
             raise ValueError("delayed_param_update needs optimizer_device 'cpu'")
+        if self.lp_copy == "fused_zero_copy" and (self.zero_stage not in (1, 2) or self.optimizer_device != "cpu"):
+            raise ValueError("lp_copy 'fused_zero_copy' (DeepSpeed v0.3.0-v0.8.3) needs zero_stage 1 or 2 with "
+                             "optimizer_device 'cpu' (stage_1_and_2.py; ZeRO-3 always cast separately)")
         return self
 
     @property
@@ -349,6 +358,22 @@ class Strategy(Frozen):
         act = self.policies.activations
         act_nvme = getattr(act, "kind", "") == "offload-nvme" or getattr(act, "tier", "") == "nvme"
         return act_nvme or "nvme" in (p.params, p.grads, p.optimizer_states, p.activations)
+
+
+#: Strategy fields that switch on a mechanism variant one published system introduced. A system
+#: accepts those its module lists in ``OPTIONS`` (``custom`` all of them); a strategy that sets one
+#: away from its default under another system is refused (:func:`offsim.systems._registry.check_options`).
+SYSTEM_OPTIONS: tuple[str, ...] = (
+    "optimizer_schedule", "layerwise_grad_buffers", "grad_compression_ratio", "grad_compression_flop_per_param",
+    "gpudirect_storage", "pfs_share", "io_concurrency", "delayed_grad_conversion", "replicated_param_swap",
+    "optimizer_split", "optimizer_gpu_fraction", "delayed_param_update", "param_swap_pool", "overflow_check",
+    "lp_copy",
+)
+
+
+def option_is_set(st: Strategy, field: str) -> bool:
+    """Whether ``st`` sets the system option ``field`` away from its default."""
+    return bool(getattr(st, field) != Strategy.model_fields[field].get_default(call_default_factory=True))
 
 
 @functools.cache

@@ -68,6 +68,9 @@ class GroupIO:
         grads_buffer_bytes: pinned bytes its gradient read holds (DRAM-cache path).
         first_step_bytes: pageable moments the first step creates (DeepSpeed), freed at swap-out.
         params_home: its 16-bit parameters going home, then ``gather`` (ZeRO-1/2 all-gather).
+        before_adam / after_adam: host passes in order on the step's thread around Adam
+            (DeepSpeed: ``unscale_and_clip_grads`` before, the fp32 -> 16-bit cast after;
+            :func:`offsim.plan.cpu_adam.step_passes`).
     """
 
     adam: Flow
@@ -79,6 +82,8 @@ class GroupIO:
     first_step_bytes: int = 0
     params_home: Flow | None = None
     gather: Flow | None = None
+    before_adam: tuple[Flow, ...] = ()
+    after_adam: tuple[Flow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,13 +240,12 @@ class CpuOptimizer:
         writes: list[int] = []
         reading = self._read(b, order[0], first, after=[b.last_on(STEP) or 0])
         for k, g in enumerate(order):
-            io = self.groups[g]
             stall = Wait("the sub-group's state", CacheId.DRAM_OPTIMIZER) if self.on_storage else None
             got = b.add(Join(), self._t(Activity.OPT_SWAP_IN, g, "waits for the sub-group's state"), STEP,
                         after=[reading], stall=stall)
             if self.pipeline and k + 1 < len(order):
                 reading = self._read(b, order[k + 1], first, after=[got])
-            adam = b.add(io.adam, self._t(Activity.OPTIMIZER, g, f"CPU Adam sub-group {g}"), STEP)
+            adam = self._step_group(b, g)
             write = self._write(b, g, first, after=[adam])
             if self.pipeline:
                 writes.append(write)
@@ -250,6 +254,16 @@ class CpuOptimizer:
                 if k + 1 < len(order):
                     reading = self._read(b, order[k + 1], first, after=[wait])
         return writes
+
+    def _step_group(self, b: BlockBuilder, g: int) -> int:
+        """Sub-group ``g``'s host passes and CPU Adam, in order on the step's thread."""
+        io = self.groups[g]
+        for flow in io.before_adam:
+            b.add(flow, self._t(Activity.OPTIMIZER, g, f"unscale gradients, sub-group {g}"), STEP)
+        last = b.add(io.adam, self._t(Activity.OPTIMIZER, g, f"CPU Adam sub-group {g}"), STEP)
+        for flow in io.after_adam:
+            last = b.add(flow, self._t(Activity.OPTIMIZER, g, f"cast to 16-bit, sub-group {g}"), STEP)
+        return last
 
     def _read(self, b: BlockBuilder, g: int, first: bool, after: list[int]) -> int:
         io = self.groups[g]

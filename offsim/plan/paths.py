@@ -181,12 +181,16 @@ class Paths:
     def cpu_step_passes(self, params: float, lp_copy: LpCopy = DEFAULT_LP_COPY) -> tuple[Flow, ...]:
         """The host passes a ZeRO offload step runs over ``params`` parameters besides Adam
         (:func:`offsim.plan.cpu_adam.step_passes`: unscale of the fp32 gradient, then, unless the
-        step and copy are fused, the cast of the master into the fp16/bf16 upload buffer), each a
-        host copy through DRAM, in order."""
+        step and copy are fused, the cast of the master into the fp16/bf16 upload buffer), in
+        order. Each is a PyTorch CPU op (``mul_``, ``copy_``) that ATen splits over the intra-op
+        threads (``at::parallel_for``), so it streams at the rank's DRAM share, which it shares
+        with the transfers running beside it; it is not a single-thread memcpy. Its bytes count as
+        host copies (``dram_copy``), not as CPU Adam's busy time."""
         pr = self.cfg.workload.precision
         passes = cpu_adam.step_passes(lp_copy, DTYPE_BYTES[pr.optimizer_grads], DTYPE_BYTES[pr.master_params],
                                       DTYPE_BYTES[pr.params])
-        return tuple(self.host_copy(round(params * p.dram_bytes_per_param)) for p in passes)
+        return tuple(Flow(round(params * p.dram_bytes_per_param), ((Res.DRAM, 1.0),), UNCAPPED_BYTES_PER_S,
+                          (Link.DRAM_COPY,)) for p in passes)
 
     def ring(self, nbytes: int, latency_steps: float) -> Flow:
         """Ring traffic of ``nbytes`` each way per rank over the GPU link, plus ``latency_steps``

@@ -220,7 +220,7 @@ def apply_knobs(base: Strategy, knobs: Knobs, layer_bytes: list[float], name: st
     (sub-group size, pinning, allocator, reuse distance, buckets) come from ``base``."""
     d = base.model_dump()
     d.update(
-        name=name, zero_stage=3, optimizer_device="cpu", delayed_param_update=False,
+        name=name, system="protrain", zero_stage=3, optimizer_device="cpu", delayed_param_update=False,
         placement={"params": "cpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"},
         prefetch_depth=knobs.prefetch_depth, activation_checkpointing=None,
         grad_compression_ratio=1.0, grad_compression_flop_per_param=0.0,

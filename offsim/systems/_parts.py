@@ -1,19 +1,24 @@
-"""The mechanisms' arguments from a strategy's knobs, and the standard composition.
+"""The mechanisms' arguments from a strategy's shared knobs, and the standard composition.
 
 The system files of this package (one per published system) build their mechanisms here:
-each builder reads the strategy's knobs (placement, ZeRO stage, buffers, bucket sizes...) and
-returns a mechanism with its numbers computed once (bytes rounded to integers here, at compile
-time). Knobs a sweep or a user sets on a shipped strategy therefore keep working under every
-system. :func:`standard` composes them along the standard order; a system adds what is its own
-(Deep Optimizer States' run-time split, :mod:`offsim.systems.deep_optimizer_states`).
+each builder reads the knobs every system shares (placement, ZeRO stage, buffers, bucket
+sizes...) and returns a mechanism with its numbers computed once (bytes rounded to integers
+here, at compile time). The variants one published system introduced are not knobs here: the
+system file says which it composes (:class:`Variants`), and a system's own pieces live in its
+file (GPUDirect activations in :mod:`~offsim.systems.tba_ssdtrain`, NVMe/PFS striping in
+:mod:`~offsim.systems.mlp_offload`, the run-time split in
+:mod:`~offsim.systems.deep_optimizer_states`). :func:`standard` composes them along the
+standard order.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from offsim.config.run import RunConfig
+from offsim.config.workload import DTYPE_BYTES
 from offsim.core.enums import CacheId, TensorKind, Tier, home_tier
 from offsim.mechanisms.activations import Activations, LayerActivations
 from offsim.mechanisms.base import SiteKind, Stage, StorageIO
@@ -30,6 +35,7 @@ from offsim.mechanisms.grads import Grads, LayerGrads, LayerUpdate
 from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan import footprint as fp
+from offsim.plan.cpu_adam import LpCopy, fused_upload_bytes_per_param
 from offsim.plan.model import Layer
 from offsim.plan.paths import Paths, resource_capacities
 from offsim.plan.policy_plan import (
@@ -47,9 +53,48 @@ def whole(x: float) -> int:
     return round(x)
 
 
+#: a system's own optimizer-state I/O: (ctx, read, bytes) -> the parts of the transfer
+StorageBuilder = Callable[["Ctx", bool, float], StorageIO]
+#: a system's own NVMe-homed layer activations: (ctx, kept, transient, work bytes) -> the layer's
+NvmeActivations = Callable[["Ctx", int, int, int], LayerActivations]
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The mechanism variants beyond DeepSpeed ZeRO's that a system composes; the system file sets
+    them (``custom`` from the strategy's knobs, which only it and the owning systems accept).
+
+    Attributes:
+        layerwise_update: each layer's optimizer step inside backward, as its gradient arrives
+            (Fuyou, Harmony, LSP-Offload, ProTrain, SuperOffload).
+        grad_compression_ratio: gradients projected on the GPU to 1/ratio before offload, and
+            the CPU update of the projection (LSP-Offload).
+        grad_compression_flop_per_param: GPU FLOPs per gradient element of that projection.
+        gpu_collectives: parameter gathers and gradient reductions GPU to GPU; False: every rank
+            swaps its own replica over its host link (the virtual-memory-swap baseline).
+        nvme_activations: how an NVMe-homed layer's activations move (None: staged via pinned
+            host memory; TBA: GPUDirect Storage).
+        storage: how optimizer state moves to and from storage (None: the node's NVMe array;
+            MLP-Offload: striped over NVMe and the PFS, each path's concurrency capped).
+        io_concurrency: the cap on concurrent transfers per storage path with ``storage`` (None: none).
+        deepspeed_step: the after-backward CPU step runs DeepSpeed's host passes around Adam
+            (unscale before, the 16-bit cast after, as the strategy's ``lp_copy`` says); False for
+            systems with their own optimizer loop.
+    """
+
+    layerwise_update: bool = False
+    grad_compression_ratio: float = 1.0
+    grad_compression_flop_per_param: float = 0.0
+    gpu_collectives: bool = True
+    nvme_activations: NvmeActivations | None = None
+    storage: StorageBuilder | None = None
+    io_concurrency: int | None = None
+    deepspeed_step: bool = True
+
+
 @dataclass(frozen=True)
 class Ctx:
-    """What the generic system derives once from the run configuration."""
+    """What a system derives once from the run configuration, and the variants it composes."""
 
     cfg: RunConfig
     sz: fp.StateSizes
@@ -59,6 +104,7 @@ class Ctx:
     act_tier: tuple[Tier, ...]
     offloads: tuple[bool, ...]
     host_share: tuple[float, ...]
+    v: Variants
 
     @property
     def st(self):
@@ -74,7 +120,7 @@ class Ctx:
 
     @property
     def layerwise(self) -> bool:
-        return self.st.optimizer_schedule == "layerwise"
+        return self.v.layerwise_update
 
     @property
     def host(self) -> Tier:
@@ -82,7 +128,7 @@ class Ctx:
 
     def collective(self, nbytes_full: float, factor: float) -> Flow | None:
         """A ring collective over the data-parallel ranks (None without a GPU-to-GPU path)."""
-        if self.st.replicated_param_swap or self.sz.dp <= 1:
+        if not self.v.gpu_collectives or self.sz.dp <= 1:
             return None
         dp = self.sz.dp
         return self.paths.ring(whole(factor * (dp - 1) / dp * nbytes_full), factor * (dp - 1))
@@ -104,11 +150,11 @@ def _nvme_write_rate(cfg: RunConfig, sz: fp.StateSizes) -> float:
     return nv.sustained_write_bytes_per_s(total * sz.ranks_per_node)
 
 
-def _host_shares(cfg: RunConfig, sz: fp.StateSizes) -> tuple[float, ...]:
+def _host_shares(cfg: RunConfig, sz: fp.StateSizes, layerwise: bool) -> tuple[float, ...]:
     """Per layer, the share of its optimizer state the CPU updates (Twin-Flow: 1 - f for all;
     layer-wise: whole layers from the first on the GPU, f of the parameters in all)."""
     f = cfg.strategy.optimizer_gpu_fraction
-    if cfg.strategy.optimizer_schedule != "layerwise" or f == 0.0:
+    if not layerwise or f == 0.0:
         return tuple([1.0 - f] * len(sz.layers))
     gpu_left, shares = f * sz.params_total, []
     for lay in sz.layers:
@@ -119,8 +165,9 @@ def _host_shares(cfg: RunConfig, sz: fp.StateSizes) -> tuple[float, ...]:
     return tuple(shares)
 
 
-def build_ctx(cfg: RunConfig, sz: fp.StateSizes | None = None) -> Ctx:
-    """Sizes (``sz``, or the configuration's), paths and the activation policy's per-layer decisions."""
+def build_ctx(cfg: RunConfig, sz: fp.StateSizes | None = None, v: Variants = Variants()) -> Ctx:
+    """Sizes (``sz``, or the configuration's), paths and the activation policy's per-layer
+    decisions, for a system composing the variants ``v``."""
     sz = fp.state_sizes(cfg) if sz is None else sz
     layers = tuple(sz.layers)
     paths = Paths(cfg, resource_capacities(cfg, sz.ranks_per_node, sz.dp), _nvme_write_rate(cfg, sz))
@@ -136,7 +183,7 @@ def build_ctx(cfg: RunConfig, sz: fp.StateSizes | None = None) -> Ctx:
         offloads = tuple(st.placement.activations != "gpu" and len(layers) - 1 - lay.index > st.prefetch_depth
                          for lay in layers)
     act_tier = tuple(home_tier(t, st.pin_memory) for t in tiers)
-    return Ctx(cfg, sz, paths, layers, recompute, act_tier, offloads, _host_shares(cfg, sz))
+    return Ctx(cfg, sz, paths, layers, recompute, act_tier, offloads, _host_shares(cfg, sz, v.layerwise_update), v)
 
 
 # ---------------------------------------------------------------- per mechanism
@@ -180,9 +227,8 @@ def activations(c: Ctx) -> Activations:
         reserve.append(work + whole(gb))
         if not moved:
             out.append(LayerActivations(kept, transient, work, Tier.GPU))
-        elif tier is Tier.NVME and c.st.gpudirect_storage:
-            out.append(LayerActivations(kept, transient, work, tier, out_storage=c.paths.gds(False, kept),
-                                        back_storage=c.paths.gds(True, kept)))
+        elif tier is Tier.NVME and c.v.nvme_activations is not None:
+            out.append(c.v.nvme_activations(c, kept, transient, work))
         elif tier is Tier.NVME:
             out.append(LayerActivations(kept, transient, work, tier, c.paths.dma(False, kept),
                                         c.paths.nvme(False, kept), c.paths.dma(True, kept), c.paths.nvme(True, kept),
@@ -197,7 +243,7 @@ def activations(c: Ctx) -> Activations:
 def _layer_update(c: Ctx, lay: Layer) -> LayerUpdate:
     """Layer-wise CPU update of ``lay`` (the engine's ``_update_layer``)."""
     sz, pl = c.sz, c.st.placement
-    params = lay.params / sz.opt_part / c.st.grad_compression_ratio * c.host_share[lay.index]
+    params = lay.params / sz.opt_part / c.v.grad_compression_ratio * c.host_share[lay.index]
     state = params * sz.optimizer_bytes_per_param
     nvme = pl.optimizer_states == "nvme"
     home = None
@@ -230,12 +276,12 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None) -> LayerGrads:
     reduce = c.collective(full, factor)
     if st.placement.grads == "gpu":
         return LayerGrads(reduce, offloaded=False)
-    ratio, share = st.grad_compression_ratio, c.host_share[lay.index]
+    ratio, share = c.v.grad_compression_ratio, c.host_share[lay.index]
     part = full / sz.grad_part / ratio * share
     local = lay.params / sz.grad_part / ratio * share
     hg = sz.host_grad_bytes_per_param
     gpu = c.cfg.hardware.gpu
-    flop = lay.params * st.grad_compression_flop_per_param
+    flop = lay.params * c.v.grad_compression_flop_per_param
     compress = flop / (gpu.peak_flops(c.cfg.workload.precision.compute) * gpu.gemm_fraction(flop)) \
         if ratio > 1.0 and flop > 0 else 0.0
     on_gpu = 1.0 - share
@@ -257,23 +303,14 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None) -> LayerGrads:
 def grads(c: Ctx) -> Grads:
     slots = fp.layerwise_grad_buffers(c.cfg)
     return Grads(tuple(_layer_grads(c, lay, slots) for lay in c.layers), c.st.overlap_grad_offload, slots,
-                 c.st.io_concurrency)
+                 c.v.io_concurrency)
 
 
 def storage(c: Ctx, read: bool, nbytes: float) -> StorageIO:
-    """Optimizer-state I/O: striped over NVMe and the PFS by ``pfs_share`` (both at once), each
-    part under its path's ``io_concurrency`` cap (MLP-Offload, arXiv 2509.02480); else NVMe."""
-    share = c.st.pfs_share if c.cfg.hardware.pfs is not None else 0.0
-    capped = c.st.io_concurrency is not None
-    if share <= 0 and not capped:
-        return ((c.paths.nvme(read, whole(nbytes)), None),)
-    pfs = nbytes * share
-    parts: list[tuple[Flow, str | None]] = []
-    if nbytes - pfs > 0:
-        parts.append((c.paths.nvme(read, whole(nbytes - pfs)), "io_nvme" if capped else None))
-    if pfs > 0:
-        parts.append((c.paths.pfs(read, whole(pfs)), "io_pfs" if capped else None))
-    return tuple(parts)
+    """Optimizer-state I/O: the node's NVMe array, or the system's own (``Variants.storage``)."""
+    if c.v.storage is not None:
+        return c.v.storage(c, read, nbytes)
+    return ((c.paths.nvme(read, whole(nbytes)), None),)
 
 
 def subgroups(c: Ctx) -> list[float]:
@@ -301,23 +338,29 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
     grads_b = params * sz.host_grad_bytes_per_param if pl.grads == "nvme" else 0.0
     dram_bpp = optimizer_dram_bpp(c)
     nbytes = whole(params * c.bpp_param)
+    lp_copy = LpCopy(st.lp_copy)
     home = gather = None
     if pl.params == "gpu":
-        home = c.paths.dma(True, nbytes, st.pin_memory)
+        master = DTYPE_BYTES[c.cfg.workload.precision.master_params]
+        upload = whole(params * fused_upload_bytes_per_param(lp_copy, c.bpp_param, master))
+        home = c.paths.dma(True, upload, st.pin_memory)
         if sz.dp > 1 and st.zero_stage in (1, 2):
             gather = c.collective(nbytes * sz.dp, 1.0)
     elif pl.params == "nvme":
         home = c.paths.nvme(False, nbytes)
     first = whole(fp.first_step_state_bytes(c.cfg, params))
     adam = c.paths.cpu_optimizer(whole(params * dram_bpp), dram_bpp)
+    passes = c.paths.cpu_step_passes(params, lp_copy) if c.v.deepspeed_step else ()
     if cached:
         grads_in = storage(c, True, grads_b) if grads_b > 0 else None
         return GroupIO(adam, grads_in=grads_in, grads_buffer_bytes=whole(fp.round_pinned(grads_b, st.host_allocator)),
-                       first_step_bytes=first, params_home=home, gather=gather)
+                       first_step_bytes=first, params_home=home, gather=gather, before_adam=passes[:1],
+                       after_adam=passes[1:])
     staged = state + grads_b
     buffer = 0 if fp.deepspeed_zero3_offload(c.cfg) else whole(fp.round_pinned(staged, st.host_allocator))
     return GroupIO(adam, storage(c, True, staged) if staged > 0 else None,
-                   storage(c, False, state) if state > 0 else None, None, buffer, 0, first, home, gather)
+                   storage(c, False, state) if state > 0 else None, None, buffer, 0, first, home, gather,
+                   passes[:1], passes[1:])
 
 
 def _dram_cache(c: Ctx, groups: list[float]) -> CacheSpec | None:
@@ -355,7 +398,7 @@ def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimi
     return CpuOptimizer(tuple(_group_io(c, p, cache is not None) for p in groups), _orders(c, len(groups)),
                         st.optimizer_swap_pipeline, n, cache, whole(fp.overflow_check_bytes(c.cfg, sz)),
                         resident * gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
-                        st.delayed_param_update, on_storage, bypass, st.io_concurrency, split)
+                        st.delayed_param_update, on_storage, bypass, c.v.io_concurrency, split)
 
 
 def static_state(c: Ctx) -> StaticState:
@@ -429,10 +472,10 @@ def standard(c: Ctx, split: GpuSplit | None = None, notes: tuple[str, ...] = ())
                   c.cfg.iterations, period, notes, tuple(lay.name for lay in c.layers))
 
 
-def standard_system(cfg: RunConfig, sz: fp.StateSizes | None = None) -> System:
-    """The standard composition of ``cfg``'s knobs (``sz``: sizes other than the configuration's,
-    for hand-built layers in tests): the ``compose`` of the systems whose behaviour the knobs carry."""
-    return standard(build_ctx(cfg, sz))
+def standard_system(cfg: RunConfig, sz: fp.StateSizes | None = None, v: Variants = Variants()) -> System:
+    """The standard composition with the variants ``v`` (``sz``: sizes other than the
+    configuration's, for hand-built layers in tests)."""
+    return standard(build_ctx(cfg, sz, v))
 
 
 @dataclass(frozen=True)

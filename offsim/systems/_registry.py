@@ -5,6 +5,8 @@ in a strategy file is ``offsim/systems/twin_flow.py``. It defines
 
 * ``compose(cfg, sz=None) -> System``: its mechanisms along its order (from
   :mod:`offsim.systems._parts`, plus what is its own);
+* ``OPTIONS``: the strategy fields of :data:`~offsim.config.strategy.SYSTEM_OPTIONS` it accepts
+  (the mechanism variants it has); a strategy that sets another is refused by :func:`check_options`;
 * optionally ``choice_policies(cfg, sz) -> dict[ChoiceId, ChoicePolicy]``: the run-time
   policies of the choices its schedule names.
 
@@ -17,7 +19,7 @@ import importlib
 from types import ModuleType
 
 from offsim.config.run import RunConfig
-from offsim.config.strategy import known_systems
+from offsim.config.strategy import SYSTEM_OPTIONS, Strategy, known_systems, option_is_set
 from offsim.core.enums import ChoiceId
 from offsim.engine.hooks import ChoicePolicy
 from offsim.errors import ConfigError
@@ -33,9 +35,27 @@ def system_module(name: str) -> ModuleType:
     return importlib.import_module(f"offsim.systems.{name.replace('-', '_')}")
 
 
+def options(name: str) -> frozenset[str]:
+    """The system options system ``name`` accepts."""
+    return frozenset(system_module(name).OPTIONS)
+
+
+def check_options(st: Strategy) -> None:
+    """Refuse a strategy that sets a system option its system does not have (a mechanism
+    variant of another published system), naming the field and the systems that have it."""
+    own = options(st.system)
+    for field in SYSTEM_OPTIONS:
+        if field not in own and option_is_set(st, field):
+            owners = [name for name in known_systems() if field in options(name)]
+            raise ConfigError(f"strategy '{st.name}': {field} = {getattr(st, field)!r} is a mechanism of system "
+                              f"{' / '.join(owners)}, not of system '{st.system}'; name one of those systems "
+                              f"with `system:`, or leave {field} at its default")
+
+
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """The composition of the system ``cfg``'s strategy names (``sz``: sizes other than the
-    configuration's, for hand-built layers in tests)."""
+    configuration's, for hand-built layers in tests), after :func:`check_options`."""
+    check_options(cfg.strategy)
     system: System = system_module(cfg.strategy.system).compose(cfg, sz)
     return system
 

@@ -1,7 +1,39 @@
-"""A strategy file's knobs, composed in the standard order (a user's file, or one imported from a
-DeepSpeed, Accelerate or Megatron configuration, that names no system).
+"""A strategy file's knobs, composed in the standard order: a user's file, or one imported from a
+DeepSpeed, Accelerate or Megatron configuration, that names no system. It accepts every system
+option (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) and takes each variant from its knob,
+with the owning system's own pieces, so a user can combine mechanisms no published system has.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.config.strategy import SYSTEM_OPTIONS
+from offsim.plan.footprint import StateSizes
+from offsim.systems import deep_optimizer_states, mlp_offload
+from offsim.systems._compile import System
+from offsim.systems._parts import Variants, build_ctx, standard, subgroups
+from offsim.systems.deep_optimizer_states import choice_policies
+from offsim.systems.tba_ssdtrain import gds_activations
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset(SYSTEM_OPTIONS)
+
+__all__ = ["OPTIONS", "choice_policies", "compose", "variants"]
+
+
+def variants(cfg: RunConfig) -> Variants:
+    """Every variant as the strategy's knobs set it."""
+    st = cfg.strategy
+    storage = mlp_offload.variants(cfg)
+    return Variants(layerwise_update=st.optimizer_schedule == "layerwise",
+                    grad_compression_ratio=st.grad_compression_ratio,
+                    grad_compression_flop_per_param=st.grad_compression_flop_per_param,
+                    gpu_collectives=not st.replicated_param_swap,
+                    nvme_activations=gds_activations if st.gpudirect_storage else None,
+                    storage=storage.storage, io_concurrency=storage.io_concurrency)
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard mechanisms with the variants the knobs set (and Deep Optimizer States' split
+    when ``optimizer_split`` is ``perf-model``)."""
+    c = build_ctx(cfg, sz, variants(cfg))
+    if c.st.optimizer_split != "perf-model":
+        return standard(c)
+    return standard(c, deep_optimizer_states.gpu_split(c, subgroups(c)), (deep_optimizer_states.NOTE,))

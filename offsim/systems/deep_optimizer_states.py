@@ -24,6 +24,8 @@ from offsim.plan.optimizer_split import PerfModelSplit, SplitBytes, SplitRates
 from offsim.systems._compile import System
 from offsim.systems._parts import Ctx, build_ctx, gpu_adam_bpp, optimizer_dram_bpp, standard, subgroups, whole
 
+OPTIONS: frozenset[str] = frozenset({"optimizer_split"})
+
 NOTE = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen when each step starts, from the "
         "previous step's CPU rate and the GPU memory free then (Deep Optimizer States); the program shown is the "
         "default option's, every sub-group on the CPU")

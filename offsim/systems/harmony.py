@@ -5,10 +5,19 @@ Mechanisms: parameter fetch without collectives (replicated swap off), compute, 
 gradients with the layer-wise CPU update. Its layer-pack micro-batch grouping is not
 expressed yet (a strict expected failure in ``tests/test_systems_harmony.py``).
 
-Shipped strategies: harmony. The behaviour is carried by the strategy's knobs, which the
-shared builders of :mod:`offsim.systems._parts` read, so a knob a user or a sweep sets keeps working.
+Shipped strategies: harmony. The shared knobs (placement, ZeRO stage, buffers...) keep working
+under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts
+``OPTIONS``.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._parts import Variants, standard_system
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset({"optimizer_schedule"})
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard mechanisms with the layer-wise CPU update."""
+    return standard_system(cfg, sz, Variants(layerwise_update=cfg.strategy.optimizer_schedule == "layerwise"))

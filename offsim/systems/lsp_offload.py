@@ -5,10 +5,22 @@ of the projected parameters overlapped with backward.
 Mechanisms: compute, activations, gradients with projection (``grad_compression_ratio``,
 ``grad_compression_flop_per_param``) and the layer-wise CPU update.
 
-Shipped strategies: lsp-offload. The behaviour is carried by the strategy's knobs, which the
-shared builders of :mod:`offsim.systems._parts` read, so a knob a user or a sweep sets keeps working.
+Shipped strategies: lsp-offload. The shared knobs (placement, ZeRO stage, buffers...) keep working
+under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts
+``OPTIONS``.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._parts import Variants, standard_system
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset({"optimizer_schedule", "grad_compression_ratio", "grad_compression_flop_per_param"})
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard mechanisms with projected gradients and the layer-wise CPU update."""
+    st = cfg.strategy
+    return standard_system(cfg, sz, Variants(layerwise_update=st.optimizer_schedule == "layerwise",
+                                             grad_compression_ratio=st.grad_compression_ratio,
+                                             grad_compression_flop_per_param=st.grad_compression_flop_per_param))

@@ -5,10 +5,19 @@ copies, a fused overflow check.
 Mechanisms: those of ZeRO-Infinity, with the host-state knobs (``host_allocator``,
 ``param_swap_pool``, ``pin_by_copy``, ``overflow_check``) set to MemAscend's.
 
-Shipped strategies: memascend. The behaviour is carried by the strategy's knobs, which the
-shared builders of :mod:`offsim.systems._parts` read, so a knob a user or a sweep sets keeps working.
+Shipped strategies: memascend. The shared knobs (placement, ZeRO stage, buffers...) keep working
+under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts
+``OPTIONS``.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._parts import standard_system
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset({"param_swap_pool", "overflow_check"})
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """ZeRO-Infinity's mechanisms; its host buffers sized by MemAscend's options."""
+    return standard_system(cfg, sz)

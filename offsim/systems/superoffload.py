@@ -3,10 +3,19 @@ CPU optimizer overlapped with backward layer by layer over NVLink-C2C.
 
 Mechanisms: compute, activations, gradients with the layer-wise CPU update.
 
-Shipped strategies: superoffload. The behaviour is carried by the strategy's knobs, which the
-shared builders of :mod:`offsim.systems._parts` read, so a knob a user or a sweep sets keeps working.
+Shipped strategies: superoffload. The shared knobs (placement, ZeRO stage, buffers...) keep working
+under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts
+``OPTIONS``.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._parts import Variants, standard_system
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset({"optimizer_schedule"})
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard mechanisms with the layer-wise CPU update (off: ZeRO-3 offload, clipping on)."""
+    return standard_system(cfg, sz, Variants(layerwise_update=cfg.strategy.optimizer_schedule == "layerwise"))

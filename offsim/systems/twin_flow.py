@@ -5,10 +5,19 @@ GPU, updated there while the CPU updates the rest.
 Mechanisms: compute, activations, gradient offload of the CPU share, the CPU optimizer with
 its GPU-resident share.
 
-Shipped strategies: twin-flow. The behaviour is carried by the strategy's knobs, which the
-shared builders of :mod:`offsim.systems._parts` read, so a knob a user or a sweep sets keeps working.
+Shipped strategies: twin-flow. The shared knobs (placement, ZeRO stage, buffers...) keep working
+under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts
+``OPTIONS``.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._parts import standard_system
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset({"optimizer_gpu_fraction"})
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard mechanisms; the CPU optimizer carries the GPU-resident share."""
+    return standard_system(cfg, sz)

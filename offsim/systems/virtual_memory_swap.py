@@ -5,10 +5,22 @@ the GPUs share.
 Mechanisms: parameter fetch of whole replicas (``replicated_param_swap``), compute,
 activations, gradients, the CPU optimizer.
 
-Shipped strategies: virtual-memory-swap. The behaviour is carried by the strategy's knobs, which the
-shared builders of :mod:`offsim.systems._parts` read, so a knob a user or a sweep sets keeps working.
+Shipped strategies: virtual-memory-swap. The shared knobs (placement, ZeRO stage, buffers...) keep working
+under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts
+``OPTIONS``.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._parts import Variants, standard_system
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset({"replicated_param_swap"})
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard mechanisms; with replicated swap no GPU-to-GPU collective: every rank moves
+    its own replica over its host link; the CPU step is Harmony's baseline's own (no DeepSpeed
+    host passes)."""
+    return standard_system(cfg, sz, Variants(gpu_collectives=not cfg.strategy.replicated_param_swap,
+                                             deepspeed_step=False))

@@ -6,10 +6,19 @@ optimizer steps per sub-group with NVMe swap, DeepSpeed's host buffers set up at
 Mechanisms: parameter fetch, compute, activations, gradient offload, the CPU optimizer with
 its NVMe swap (and a DRAM cache when the strategy gives one), DeepSpeed's host state.
 
-Shipped strategies: zero-infinity-cpu, zero-infinity-nvme. The behaviour is carried by the strategy's knobs, which the
-shared builders of :mod:`offsim.systems._parts` read, so a knob a user or a sweep sets keeps working.
+Shipped strategies: zero-infinity-cpu, zero-infinity-nvme. The shared knobs (placement, ZeRO
+stage, buffers...) keep working under it; of the system options
+(:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts ``OPTIONS``.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._parts import standard_system
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset(())
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard ZeRO-3 offload mechanisms: no variant."""
+    return standard_system(cfg, sz)

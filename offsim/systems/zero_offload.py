@@ -6,10 +6,19 @@ parameter update (Sec. 4.3, ``zero-offload-dpu``).
 Mechanisms: compute, activations, gradient offload, the CPU optimizer per sub-group (its
 upload and, with DPU, its overlap with the next iteration).
 
-Shipped strategies: zero-offload, zero-offload-dpu. The behaviour is carried by the strategy's knobs, which the
-shared builders of :mod:`offsim.systems._parts` read, so a knob a user or a sweep sets keeps working.
+Shipped strategies: zero-offload, zero-offload-dpu. The shared knobs (placement, ZeRO stage, buffers...) keep working
+under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts
+``OPTIONS``.
 """
 
-from offsim.systems._parts import standard_system as compose
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._parts import standard_system
 
-__all__ = ["compose"]
+OPTIONS: frozenset[str] = frozenset({"delayed_param_update", "lp_copy"})
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard ZeRO-2 offload mechanisms; the CPU step delayed one iteration with DPU."""
+    return standard_system(cfg, sz)
