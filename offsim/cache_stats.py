@@ -82,12 +82,6 @@ class CacheStats(BaseModel):
     bytes_over_offline_plan: float = 0.0
     offline_plan_exact: bool = True
 
-    @property
-    def opt_bytes_fetched(self) -> float:
-        """The old name of :attr:`offline_plan_bytes_fetched`, for ``commands/_common.py`` until
-        it reads the new one (not in the JSON); remove with that reader."""
-        return self.offline_plan_bytes_fetched
-
 
 PARAM_STALL_SUFFIX = "waits for params"  # names of the GPU's stall spans for parameters (engine)
 

@@ -209,7 +209,7 @@ def _cache_rows(t: Table, result: Any) -> None:
 
     The bound is :func:`offsim.cache_stats.cache_bound` (min-cost flow, a bound whatever the
     tensor sizes). Where it cannot be computed (no cache events recorded), the run's offline
-    plan (``opt_bytes_fetched``: Belady's rule with a search over the odd-sized tensors) is
+    plan (``offline_plan_bytes_fetched``: Belady's rule with a search over the odd-sized tensors) is
     shown, and named a heuristic: it is neither OPT nor a bound.
     """
     bounds = _cache_lower_bounds(result)
@@ -221,7 +221,7 @@ def _cache_rows(t: Table, result: Any) -> None:
             moved = f"fetched {c.bytes_fetched / 1e9:.3f} GB"
         lower = bounds.get(name)
         against = (f"lower bound {lower / 1e9:.3f} GB" if lower is not None
-                   else f"belady (heuristic) {c.opt_bytes_fetched / 1e9:.3f} GB")
+                   else f"belady (heuristic) {c.offline_plan_bytes_fetched / 1e9:.3f} GB")
         t.add_row(escape(f"cache {name} ({c.policy})"), f"hits {rate}, {moved}, {against}")
 
 
