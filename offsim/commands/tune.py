@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offsim.commands import _options as opt
-from offsim.commands._common import check_out_file, console, fail, load_config, print_json, say
+from offsim.commands._common import ExitCode, check_out_file, console, fail, load_config, print_json, say
 
 
 def _summary(result: Any, hardware: str, workload: str) -> dict[str, Any]:  # a SearchResult
@@ -21,7 +21,7 @@ def _summary(result: Any, hardware: str, workload: str) -> dict[str, Any]:  # a 
         "persistent_layers": best.knobs.persistent_layers, "prefetch_depth": best.knobs.prefetch_depth,
         "swap_blocks": best.knobs.swap_blocks, "recompute_blocks": best.knobs.recompute_blocks,
         "overlap_cpu_step": best.knobs.overlap_cpu_step}
-    return {"hardware": hardware, "workload": workload, "base_strategy": base.strategy.name,
+    return {"hardware": hardware, "workload": workload, "feasible": True, "base_strategy": base.strategy.name,
             "chosen": best.label, "knobs": knobs, "iteration_time_s": best.iteration_time_s,
             "base_iteration_time_s": base.iteration_time_s, "base_status": base.status,
             "base_reason": base.reason, "speedup": result.speedup, "candidates": counts}
@@ -66,10 +66,10 @@ def tune(
     """Search ProTrain's knobs (persistent chunks, prefetch depth, blocks that swap or recompute
     activations, CPU step overlap) by simulation; print the choice and its time against the base.
     The base may be a DeepSpeed, Accelerate or Megatron-Core file, read with the workload as
-    offsim run reads it (its batch applies to every candidate)."""
+    offsim run reads it (its batch applies to every candidate). Exits 1 when nothing fits."""
     import yaml
 
-    from offsim.errors import OffsimError
+    from offsim.errors import InfeasibleError, OffsimError
     from offsim.search.protrain import search, tuned_strategy
 
     check_out_file(out)
@@ -77,6 +77,11 @@ def tune(
     cfg = load_config(hardware, workload, base_strategy, iterations=iterations, warmup=warmup, quiet=quiet or as_json)
     try:
         result = search(cfg.hardware, cfg.workload, cfg.strategy, grid, iterations=iterations, warmup=warmup)
+    except InfeasibleError as exc:  # nothing fits: the answer is no
+        if as_json:
+            print_json({"hardware": hardware, "workload": workload, "feasible": False, "reason": str(exc)})
+            raise typer.Exit(ExitCode.NO) from None
+        fail(str(exc), ExitCode.NO)
     except OffsimError as exc:
         fail(str(exc))
     summary = _summary(result, hardware, workload)

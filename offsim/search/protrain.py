@@ -51,7 +51,7 @@ from offsim.config.loading import load_strategy
 from offsim.config.run import RunConfig, make_run_config
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
-from offsim.errors import OffsimError
+from offsim.errors import InfeasibleError, OffsimError
 from offsim.plan.footprint import check_fit, state_sizes
 from offsim.plan.time_bound import time_lower_bound
 from offsim.simulation import simulate_resolved
@@ -143,6 +143,8 @@ class Candidate:
         tokens_per_s: simulated throughput (``ok`` only).
         peak_gpu_bytes: simulated peak GPU memory per GPU (``ok`` only).
         strategy: the strategy evaluated.
+        misfit: the plan's fit check's error when that is why it is infeasible (tier, need and
+            capacity), else None.
     """
 
     label: str
@@ -154,6 +156,19 @@ class Candidate:
     tokens_per_s: float | None
     peak_gpu_bytes: float | None
     strategy: Strategy = field(repr=False)
+    misfit: InfeasibleError | None = field(default=None, repr=False, compare=False)
+
+
+class NothingFitsError(InfeasibleError):
+    """Neither the base nor any candidate of a search fits (``offsim tune`` exits 1).
+
+    ``tier``, ``need_bytes`` and ``capacity_bytes`` are those of the closest miss the plan's fit
+    check found (the least over its tier's capacity); ``""`` and NaN when every candidate failed in
+    the simulation instead. The message (``detail``) says why, with the closest miss's figures.
+    """
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 @dataclass(frozen=True)
@@ -238,45 +253,51 @@ def apply_knobs(base: Strategy, knobs: Knobs, layer_bytes: list[float], name: st
 
 
 # ---------------------------------------------------------------- evaluation
-def _bound(cfg: RunConfig) -> tuple[float | None, str]:
-    """(lower bound, '') when the plan fits, else (None, the reason)."""
+def _bound(cfg: RunConfig) -> tuple[float | None, OffsimError | None]:
+    """(lower bound, None) when the plan fits, else (None, why not)."""
     sz = state_sizes(cfg)
     try:
         check_fit(cfg, sz)
     except OffsimError as exc:
-        return None, str(exc)
-    return time_lower_bound(cfg, sz).seconds, ""
+        return None, exc
+    return time_lower_bound(cfg, sz).seconds, None
 
 
-def _simulated(label: str, knobs: Knobs | None, cfg: RunConfig, bound: float | None) -> Candidate:
-    """Simulate ``cfg``; a policy failure or a misfit becomes an infeasible candidate."""
+def _simulated(label: str, knobs: Knobs | None, cfg: RunConfig, bound: float | None,
+               misfit: OffsimError | None = None) -> Candidate:
+    """Simulate ``cfg``; a policy failure or a misfit becomes an infeasible candidate (``misfit``,
+    the plan's fit check's error, is kept with it)."""
+    kept = misfit if isinstance(misfit, InfeasibleError) else None
     try:
         m = simulate_resolved(cfg).metrics
     except OffsimError as exc:
-        return Candidate(label, knobs, "infeasible", str(exc), bound, None, None, None, cfg.strategy)
+        return Candidate(label, knobs, "infeasible", str(exc), bound, None, None, None, cfg.strategy, kept)
     if not m.feasible:
         return Candidate(label, knobs, "infeasible", m.infeasible_reason or "", bound, None, None, None,
-                         cfg.strategy)
+                         cfg.strategy, kept)
     return Candidate(label, knobs, "ok", "", bound, m.iteration_time_s, m.tokens_per_s, m.peak_bytes.gpu,
                      cfg.strategy)
 
 
+_Planned = tuple[Knobs, RunConfig | None, float | None, Exception | None]
+
+
 def _planned(hw: HardwareProfile, wl: Workload, base: Strategy, grid: Grid, iterations: int,
-             warmup: int) -> list[tuple[Knobs, RunConfig | None, float | None, str]]:
-    """Every grid point with its run config and lower bound, or the reason it cannot run."""
+             warmup: int) -> list[_Planned]:
+    """Every grid point with its run config and lower bound, or why it cannot run."""
     cfg0 = make_run_config(hw, wl, base, iterations=iterations, warmup_iterations=warmup)
     layer_bytes = _layer_bytes(cfg0)
     layers = state_sizes(cfg0).layers
-    out: list[tuple[Knobs, RunConfig | None, float | None, str]] = []
+    out: list[_Planned] = []
     for k in grid.knobs(len(layers), sum(lay.is_block for lay in layers)):
         try:
             cfg = make_run_config(hw, wl, apply_knobs(base, k, layer_bytes), iterations=iterations,
                                   warmup_iterations=warmup)
         except (OffsimError, ValueError) as exc:
-            out.append((k, None, None, str(exc)))
+            out.append((k, None, None, exc))
             continue
-        bound, reason = _bound(cfg)
-        out.append((k, cfg, bound, reason))
+        bound, why = _bound(cfg)
+        out.append((k, cfg, bound, why))
     return out
 
 
@@ -299,30 +320,47 @@ def search(hardware: str | HardwareProfile, workload: str | Workload,
     bounded below in closed form, and simulated in order of the bound with branch-and-bound
     pruning (module docstring). Returns the best candidate (the base when nothing beats it),
     the base, and every candidate with its status and reason.
+
+    Raises :class:`NothingFitsError` (an :class:`~offsim.errors.InfeasibleError`) when neither
+    the base nor any candidate fits, naming the base's reason and the closest miss.
     """
     hw, wl, st = _resolve(hardware, workload, base)
     grid = Grid.named(grid) if isinstance(grid, str) else grid
     base_cfg = make_run_config(hw, wl, st, iterations=iterations, warmup_iterations=warmup)
-    base_c = _simulated(f"base: {st.name}", None, base_cfg, _bound(base_cfg)[0])
+    base_c = _simulated(f"base: {st.name}", None, base_cfg, *_bound(base_cfg))
     best = base_c if base_c.status == "ok" else None
     out: list[Candidate] = [base_c]
     planned = _planned(hw, wl, st, grid, iterations, warmup)
-    for k, cfg, bound, reason in sorted(planned, key=lambda p: math.inf if p[2] is None else p[2]):
+    for k, cfg, bound, why in sorted(planned, key=lambda p: math.inf if p[2] is None else p[2]):
         if cfg is None or bound is None:
             strategy = cfg.strategy if cfg is not None else st
-            out.append(Candidate(k.label, k, "infeasible", reason, None, None, None, None, strategy))
+            misfit = why if isinstance(why, InfeasibleError) else None
+            out.append(Candidate(k.label, k, "infeasible", str(why), None, None, None, None, strategy, misfit))
         elif best is not None and best.iteration_time_s is not None and bound >= best.iteration_time_s:
-            why = f"lower bound {bound:.4g} s >= best simulated {best.iteration_time_s:.4g} s"
-            out.append(Candidate(k.label, k, "pruned", why, bound, None, None, None, cfg.strategy))
+            beaten = f"lower bound {bound:.4g} s >= best simulated {best.iteration_time_s:.4g} s"
+            out.append(Candidate(k.label, k, "pruned", beaten, bound, None, None, None, cfg.strategy))
         else:
             c = _simulated(k.label, k, cfg, bound)
             out.append(c)
             if c.status == "ok" and (best is None or _faster(c, best)):
                 best = c
     if best is None:
-        raise OffsimError(f"no feasible configuration: the base ({base_c.reason}) and all {len(planned)} "
-                          "ProTrain candidates are infeasible")
+        raise _nothing_fits(out)
     return SearchResult(best, base_c, out)
+
+
+def _nothing_fits(candidates: list[Candidate]) -> NothingFitsError:
+    """The error of a search in which nothing fits: the base's reason, and the closest miss (the
+    candidate least over its tier's capacity in the plan's fit check) with its figures."""
+    base, others = candidates[0], candidates[1:]
+    text = (f"no configuration fits: the base ({base.reason}) and all {len(others)} ProTrain "
+            "candidates are infeasible")
+    misses = [(c.misfit.need_bytes / c.misfit.capacity_bytes, c.label, c.misfit) for c in candidates
+              if c.misfit is not None and c.misfit.capacity_bytes > 0]
+    if not misses:
+        return NothingFitsError("", math.nan, math.nan, text)
+    _, label, e = min(misses, key=lambda m: m[0])
+    return NothingFitsError(e.tier, e.need_bytes, e.capacity_bytes, f"{text}; the closest is {label}: {e}")
 
 
 def _faster(a: Candidate, b: Candidate) -> bool:
