@@ -29,11 +29,11 @@ SHARED = ["--json", "-q", "--quiet"]
 OUT = ["-o", "--out"]
 EXPECTED = {
     "run": [*CONFIG, "-s", "--strategy", *SHARED],
-    "report": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
+    "report": [*CONFIG, "-s", "--strategy", *SHARED, *OUT, "--figures"],
     "size": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
     "tune": [*CONFIG, "-s", "--strategy", *SHARED, *OUT],
     "validate": [*CONFIG, *SHARED, *OUT],
-    "sweep": [*SHARED, *OUT],
+    "sweep": [*SHARED, *OUT, "--figures"],
     "calibrate": ["-H", *SHARED, *OUT],
     "profiles": ["--json"],
     "workloads": ["--json"],
@@ -99,6 +99,7 @@ SAME_EVERYWHERE = {
     "--hardware": ["run", "size", "tune", "validate", "compare", "rok", "fit", "schedule"],
     "--workload": ["run", "size", "tune", "validate", "compare", "rok", "fit", "schedule"],
     "--strategy": ["run", "size", "schedule"],
+    "--figures": ["report", "sweep"],
 }
 
 
@@ -161,6 +162,8 @@ UNASKED = {
     "size": [*SIZE, "-q"],
     "tune": ["tune", *TINY, "--grid", "small", "-q"],
     "strategies": ["strategies", "--ds-config", "zero-offload"],
+    "report": ["report", *TINY],
+    "sweep": ["sweep", str(ROOT / "sweeps" / "tiny-grid.yaml"), "--workers", "1", "-q"],
 }
 
 

@@ -71,6 +71,20 @@ def test_report_command_writes_the_page_and_figures(tmp_path: Path) -> None:
     assert (figs / "zero-offload" / "timeline.html").exists()
 
 
+def test_report_command_without_out_prints_and_writes_only_what_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No page without ``-o``: the sentences are printed; ``--figures`` alone writes only the figures."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["report", *TINY, "-s", "gpu-only", "--iterations", "2"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("gpu-only: ") and "-o FILE writes the HTML report" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+    result = runner.invoke(app, ["report", *TINY, "-s", "gpu-only", "--iterations", "2", "--figures", "figs", "-q"])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["figs"]
+    assert (tmp_path / "figs" / "gpu-only" / "timeline.html").exists()
+
+
 def test_report_command_quiet_prints_nothing(tmp_path: Path) -> None:
     out = tmp_path / "p.html"
     result = runner.invoke(app, ["report", *TINY, "-s", "gpu-only", "-o", str(out), "--quiet"])

@@ -15,19 +15,45 @@ runner = CliRunner()
 
 
 def test_sweep_writes_tables_and_figures_and_resumes(tmp_path):
-    out = tmp_path / "res"
-    args = ["sweep", str(ROOT / "sweeps" / "tiny-grid.yaml"), "--out", str(out), "--workers", "1", "--quiet"]
+    out, figs = tmp_path / "res", tmp_path / "figs"
+    args = ["sweep", str(ROOT / "sweeps" / "tiny-grid.yaml"), "--out", str(out), "--workers", "1", "--quiet",
+            "--figures", str(figs)]
     first = runner.invoke(app, [*args, "--max-points", "6"])
     assert first.exit_code == 0, first.output
     assert "run the same command again to continue" in first.output
-    assert not (out / "figures").exists()
+    assert not figs.exists()  # figures once every point is stored
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.output
     assert "10 points evaluated" in second.output and "6 reused" in second.output
     df = pd.read_csv(out / "results.csv")
     assert len(df) == 16
     assert (out / "results.parquet").exists() and (out / "results.sqlite").exists()
-    assert (out / "figures" / "pareto.html").exists()
+    assert (figs / "pareto.html").exists() and not (out / "figures").exists()
+
+
+def test_sweep_without_out_prints_and_writes_nothing(tmp_path, monkeypatch):
+    """Without ``-o`` the points live in a scratch store removed at the end; the summary and the
+    fastest points are printed, and ``--json`` carries every point."""
+    monkeypatch.chdir(tmp_path)
+    args = ["sweep", str(ROOT / "sweeps" / "tiny-grid.yaml"), "--workers", "1"]
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0, text.output
+    assert "16 of 16" in text.stdout and "fastest 10 of 12 points that fit" in text.stdout
+    assert "-o DIR keeps every point" in text.stderr
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert doc["out"] is None and doc["files"] == [] and len(doc["points"]) == 16
+    kept = pd.read_csv(_write_reference(tmp_path))
+    assert [p["iteration_time_s"] for p in doc["points"]] == [
+        None if v != v else v for v in kept["iteration_time_s"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref"]  # only the -o of the reference run
+
+
+def _write_reference(tmp_path):
+    ref = tmp_path / "ref"
+    result = runner.invoke(app, ["sweep", str(ROOT / "sweeps" / "tiny-grid.yaml"), "-o", str(ref),
+                                 "--workers", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    return ref / "results.csv"
 
 
 def test_sweep_refuses_a_bad_spec_naming_the_axis(tmp_path):

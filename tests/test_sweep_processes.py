@@ -78,7 +78,7 @@ def _point_ids(out: Path) -> list[str]:
 
 def test_sigterm_stops_a_sweep_consistently_and_a_rerun_resumes(spec: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = _start("sweep", str(spec), "-o", str(out), "--workers", "1", "--no-prefilter", "--no-figures")
+    proc = _start("sweep", str(spec), "-o", str(out), "--workers", "1", "--no-prefilter")
     _wait_for_points(out, 2, proc)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
@@ -88,7 +88,7 @@ def test_sigterm_stops_a_sweep_consistently_and_a_rerun_resumes(spec: Path, tmp_
     kept = _point_ids(out)
     assert 2 <= len(kept) < POINTS
     again = subprocess.run(_offsim("sweep", str(spec), "-o", str(out), "--workers", "1", "--no-prefilter",
-                                   "--no-figures", "--json"), capture_output=True, text=True, timeout=120)
+                                   "--json"), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert f'"reused": {len(kept)}' in again.stdout
     ids = _point_ids(out)
@@ -97,7 +97,7 @@ def test_sigterm_stops_a_sweep_consistently_and_a_rerun_resumes(spec: Path, tmp_
 
 def test_a_second_sweep_on_the_same_store_is_refused(spec: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    first = _start("sweep", str(spec), "-o", str(out), "--workers", "1", "--no-prefilter", "--no-figures")
+    first = _start("sweep", str(spec), "-o", str(out), "--workers", "1", "--no-prefilter")
     _wait_for_points(out, 1, first)
     second = subprocess.run(_offsim("sweep", str(spec), "-o", str(out), "--workers", "1", "--no-prefilter"),
                             capture_output=True, text=True, timeout=60)
@@ -159,7 +159,7 @@ def test_a_lost_dask_worker_is_retried_and_every_point_is_stored_once(
 ) -> None:
     address, workers = dask_cluster
     out = tmp_path / "out"
-    proc = _start("sweep", str(spec), "-o", str(out), "--scheduler", address, "--no-prefilter", "--no-figures")
+    proc = _start("sweep", str(spec), "-o", str(out), "--scheduler", address, "--no-prefilter")
     _wait_for_points(out, 1, proc)
     os.kill(workers[0].pid, signal.SIGKILL)  # a worker lost mid-sweep, its chunk in flight
     assert proc.poll() is None and _stored(out) < POINTS  # the kill did land mid-sweep

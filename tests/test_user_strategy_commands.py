@@ -117,7 +117,7 @@ def _sweep(tmp_path: Path, spec: dict, *extra: str):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "out"), "--workers", "1", "--quiet",
-                               "--no-figures", *extra])
+                               *extra])
 
 
 def test_sweep_strategy_axis_and_base_with_ds_configs(tmp_path: Path, times: dict[str, float]) -> None:

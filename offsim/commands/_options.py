@@ -10,7 +10,9 @@ A command module imports this module, not its names, and reads as the habit it f
 The same option has the same long name, short form, help and default in every subcommand:
 ``-H/--hardware``, ``-w/--workload``, ``-s/--strategy`` (defaults: the README's main example),
 ``--iterations``, ``--warmup``, ``--json`` (machine-readable output on stdout), ``-q/--quiet``,
-``-o/--out`` (the one output file or folder; :func:`out` says what goes there) and ``--html``.
+``-o/--out`` (the one output file or folder; :func:`out` says what goes there), ``--html`` (one
+chart) and ``--figures`` (a folder of figures). Nothing is written to disk unless an option names
+where.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no summ
 Iterations = Annotated[int, typer.Option(min=1, help="optimizer steps to simulate")]
 Warmup = Annotated[int, typer.Option(min=0, help="leading steps left out of the metrics")]
 Html = Annotated[Path | None, typer.Option(help="write the chart here (self-contained HTML)")]
+Figures = Annotated[Path | None, typer.Option(
+    "--figures", help="also write the figures, each a self-contained HTML file, into this folder")]
 
 
 def out(what: str, *aliases: str) -> Any:

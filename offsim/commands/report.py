@@ -7,6 +7,9 @@ and link figures and the per-layer stall table (see :mod:`offsim.report.html`). 
 ``--policies``, each configuration's strategy is also run with those policies (as ``offsim
 compare --policies``) and the decision sentence (which policy, how much it buys, how far from
 the bound) comes first, on the page and in the output.
+
+The page is written only to ``-o/--out`` and the figures only into ``--figures``; without
+either, the sentences are printed and nothing is written.
 """
 
 from __future__ import annotations
@@ -38,45 +41,57 @@ def report(
     strategy: StrategyOpt = [opt.STRATEGY],  # noqa: B006
     iterations: opt.Iterations = opt.ITERATIONS,
     warmup: opt.Warmup = opt.WARMUP,
-    out: Annotated[Path, opt.out("HTML file to write")] = Path("report.html"),
+    out: Annotated[Path | None, opt.out("write the HTML page here")] = None,
     title: Annotated[str | None, typer.Option(help="page title")] = None,
-    figures_dir: Annotated[Path | None, typer.Option("--figures", help="also write each run's figures as "
-                                                     "standalone HTML files under this folder")] = None,
+    figures_dir: opt.Figures = None,
     policies: Annotated[str | None, typer.Option(
         help="also run each configuration with these policies (as offsim compare --policies, e.g. "
              "lru,fifo,belady) and put the decision sentence first")] = None,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
 ) -> None:
-    """Simulate one or more configurations and write an HTML report (figures, metrics, bottleneck;
-    with --policies, which policy to use first)."""
+    """Simulate one or more configurations and print the bottleneck of each (with --policies, which
+    policy to use first); -o writes the HTML report (figures, metrics, bottleneck), --figures each
+    run's figures."""
     from offsim.report.figures import run_labels
 
     check_out_file(out)
     check_out_dir(figures_dir, "--figures")
     combos = list(itertools.product(hardware, workload, strategy))
-    with progress_bar(len(combos) * (2 if policies else 1) + 1, "simulating", enabled=not (quiet or as_json)) \
-            as advance:
+    writes = out is not None or figures_dir is not None
+    with progress_bar(len(combos) * (2 if policies else 1) + writes, "simulating",
+                      enabled=not (quiet or as_json)) as advance:
         results = _simulate(combos, iterations, warmup, advance)
         labels = run_labels(results)
         decisions = _policy_decisions(results, labels, policies, iterations, warmup, advance) if policies else {}
-        advance(0, "rendering the report")
-        _write(results, labels, out, title, figures_dir, decisions)
-        advance()
+        if writes:
+            advance(0, "rendering the report")
+            _write(results, labels, out, title, figures_dir, decisions)
+            advance()
     lines = [(label, _verdict(r)) for label, r in zip(labels, results, strict=True)]
     if as_json:
-        print_json({"out": str(out), "runs": [{"label": label, "feasible": r.feasible, "summary": text,
-                                               "iteration_time_s": r.metrics.iteration_time_s,
-                                               "policy_decision": decisions.get(label)}
-                                              for (label, text), r in zip(lines, results, strict=True)]})
+        print_json({"out": None if out is None else str(out),
+                    "figures": None if figures_dir is None else str(figures_dir),
+                    "runs": [{"label": label, "feasible": r.feasible, "summary": text,
+                              "iteration_time_s": r.metrics.iteration_time_s, "policy_decision": decisions.get(label)}
+                             for (label, text), r in zip(lines, results, strict=True)]})
     elif not quiet:
-        for label, text in decisions.items():
-            say(f"{label}: {text}")
-        for label, text in lines:
-            say(f"{label}: {text}")
-        say(f"report written to {out}")
+        _print_lines(decisions, lines, out, figures_dir)
     if not any(r.feasible for r in results):
         raise typer.Exit(ExitCode.NO)
+
+
+def _print_lines(decisions: dict[str, str], lines: list[tuple[str, str]], out: Path | None,
+                 figures_dir: Path | None) -> None:
+    """The decision and bottleneck sentences, then what was written (or how to write the page)."""
+    for label, text in [*decisions.items(), *lines]:
+        say(f"{label}: {text}")
+    if out is not None:
+        say(f"report written to {out}")
+    if figures_dir is not None:
+        say(f"figures written under {figures_dir}")
+    if out is None and figures_dir is None:
+        say("nothing written: -o FILE writes the HTML report, --figures DIR each run's figures", stderr=True)
 
 
 def _verdict(result: Any) -> str:
@@ -125,13 +140,14 @@ def _policy_decisions(results: list[Any], labels: list[str], policies: str, iter
     return out
 
 
-def _write(results: list[Any], labels: list[str], out: Path, title: str | None, figures_dir: Path | None,
-           decisions: dict[str, str]) -> None:
-    """Write the page and, with ``--figures``, each feasible run's figures."""
+def _write(results: list[Any], labels: list[str], out: Path | None, title: str | None,
+           figures_dir: Path | None, decisions: dict[str, str]) -> None:
+    """Write the page where ``-o`` says and, with ``--figures``, each feasible run's figures."""
     from offsim.report.figures import write_figures
     from offsim.report.html import write_report
 
-    write_report(results, out, title, decisions)
+    if out is not None:
+        write_report(results, out, title, decisions)
     if figures_dir is not None:
         for label, r in zip(labels, results, strict=True):
             if r.feasible:

@@ -1,7 +1,15 @@
-"""``offsim sweep`` (a grid of what-if points) and ``offsim size`` (the cheapest machine for a target)."""
+"""``offsim sweep`` (a grid of what-if points) and ``offsim size`` (the cheapest machine for a target).
+
+A sweep keeps its results store and tables only in ``-o/--out`` (then it resumes where it
+stopped) and its figures only in ``--figures``; without ``-o`` the points are held in a scratch
+store that is removed at the end, and the summary and the fastest points are printed.
+"""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -72,7 +80,8 @@ def _status_table(frame: Any) -> Table:
 
 def sweep(
     spec: Annotated[Path, typer.Argument(help="sweep spec YAML (see sweeps/*.yaml)")],
-    out: Annotated[Path, opt.out("output folder (results store, tables, figures)")] = Path("results"),
+    out: Annotated[Path | None, opt.out(
+        "output folder: the results store (resumable) and results.csv/.parquet")] = None,
     workers: Annotated[
         int | None, typer.Option(min=1, help="local worker processes (default: all cores; 1: in-process)")
     ] = None,
@@ -87,26 +96,39 @@ def sweep(
         int | None, typer.Option(min=1, help="evaluate at most this many new points, then stop")
     ] = None,
     fresh: Annotated[bool, typer.Option(help="discard results already in --out")] = False,
-    figures: Annotated[bool, typer.Option(help="write plotly HTML figures to OUT/figures")] = True,
+    figures: opt.Figures = None,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
 ) -> None:
-    """Run a grid of what-if points (hardware, workload, strategy); resumable, local or on Dask."""
+    """Run a grid of what-if points (hardware, workload, strategy), local or on Dask; with -o, kept
+    in a resumable store with its tables; without, printed only."""
     from offsim.sweep.spec import load_spec
 
     check_out_dir(out)
+    check_out_dir(figures, "--figures")
     try:
         plan = load_spec(spec, yes=yes)
-        outcome = _run_with_bar(plan, out, quiet or as_json, workers=workers, scheduler=scheduler,
-                                prefilter=prefilter, max_points=max_points, fresh=fresh)
+        with _store_folder(out) as folder:
+            outcome = _run_with_bar(plan, folder, quiet or as_json, workers=workers, scheduler=scheduler,
+                                    prefilter=prefilter, max_points=max_points, fresh=fresh)
     except OffsimError as exc:
         fail(str(exc))
     files = _write_outputs(outcome, plan, out, figures)
     if as_json:
-        print_json(_outcome_doc(outcome, files))
+        print_json(_outcome_doc(outcome, files, out))
     else:
-        _print_outcome(outcome, files, quiet)
-    _sweep_exit(outcome)
+        _print_outcome(outcome, plan.axis_keys, files, out, quiet)
+    _sweep_exit(outcome, out)
+
+
+@contextmanager
+def _store_folder(out: Path | None) -> Iterator[Path]:
+    """``out``, or a scratch folder removed after the sweep when ``-o`` is not given."""
+    if out is not None:
+        yield out
+        return
+    with tempfile.TemporaryDirectory(prefix="offsim-sweep-") as scratch:
+        yield Path(scratch)
 
 
 def _run_with_bar(plan: Any, out: Path, quiet: bool, **options: Any) -> Any:
@@ -126,40 +148,74 @@ def _run_with_bar(plan: Any, out: Path, quiet: bool, **options: Any) -> Any:
         return run_sweep(plan, out, progress=_Bar(progress, escape(plan.name)), **options)
 
 
-def _write_outputs(outcome: Any, plan: Any, out: Path, figures: bool) -> list[Path]:
-    """The tables, and the figures once every point is stored."""
+def _write_outputs(outcome: Any, plan: Any, out: Path | None, figures: Path | None) -> list[Path]:
+    """The tables in ``out``, and the figures in ``figures`` once every point is stored."""
     from offsim.sweep.execute import write_tables
     from offsim.sweep.figures import write_figures
 
-    files = write_tables(outcome.frame, out)
-    if figures and outcome.complete:
-        files += write_figures(outcome.frame, plan.axis_keys, out / "figures")
+    files = [] if out is None else write_tables(outcome.frame, out)
+    if figures is not None and outcome.complete:
+        files += write_figures(outcome.frame, plan.axis_keys, figures)
     return files
 
 
-def _outcome_doc(outcome: Any, files: list[Path]) -> dict[str, Any]:
-    """The ``--json`` summary of a sweep."""
+def _outcome_doc(outcome: Any, files: list[Path], out: Path | None) -> dict[str, Any]:
+    """The ``--json`` summary of a sweep; without ``-o`` it carries every point's row (``points``)."""
     counts = outcome.frame["status"].value_counts().to_dict() if not outcome.frame.empty else {}
-    return {"out": str(outcome.out), "total": outcome.total, "stored": len(outcome.frame),
-            "new": outcome.new, "reused": outcome.reused, "complete": outcome.complete,
-            "interrupted": outcome.interrupted, "signal": outcome.signal_name,
-            "failed_chunks": outcome.failed_chunks, "points_per_s": outcome.points_per_s,
-            "status": {str(k): int(v) for k, v in counts.items()}, "files": [str(f) for f in files]}
+    doc = {"out": None if out is None else str(out), "total": outcome.total, "stored": len(outcome.frame),
+           "new": outcome.new, "reused": outcome.reused, "complete": outcome.complete,
+           "interrupted": outcome.interrupted, "signal": outcome.signal_name,
+           "failed_chunks": outcome.failed_chunks, "points_per_s": outcome.points_per_s,
+           "status": {str(k): int(v) for k, v in counts.items()}, "files": [str(f) for f in files]}
+    if out is None:
+        frame = outcome.frame.astype(object).where(outcome.frame.notna(), None)
+        doc["points"] = frame.to_dict(orient="records")
+    return doc
 
 
-def _print_outcome(outcome: Any, files: list[Path], quiet: bool) -> None:
-    """The human summary: points by status, speed, files written."""
+#: Points the summary of a sweep without ``-o`` lists (the fastest first).
+FASTEST_SHOWN = 10
+
+
+def _print_outcome(outcome: Any, axes: list[str], files: list[Path], out: Path | None, quiet: bool) -> None:
+    """The human summary: points by status, speed, files written; without ``-o``, the fastest points."""
     if not quiet:
         console.print(_status_table(outcome.frame))
+    where = f" in {out}" if out is not None else ""
     say(f"{outcome.new} points evaluated ({outcome.points_per_s:,.1f} points/s), {outcome.reused} reused; "
-        f"{len(outcome.frame)} of {outcome.total} in {outcome.out}")
+        f"{len(outcome.frame)} of {outcome.total}{where}")
     for f in files:
         say(f"  wrote {f}")
+    if out is None and not quiet:
+        fastest = _fastest_table(outcome.frame, axes)
+        if fastest is not None:
+            console.print(fastest)
+        say("results not kept: -o DIR keeps every point (a resumable store, results.csv and .parquet)",
+            stderr=True)
 
 
-def _sweep_exit(outcome: Any) -> None:
+def _fastest_table(frame: Any, axes: list[str]) -> Table | None:
+    """The :data:`FASTEST_SHOWN` fastest points that fit: their axis values, time and throughput."""
+    if frame.empty or "iteration_time_s" not in frame:
+        return None
+    ok = frame[frame["status"] == "ok"].sort_values("iteration_time_s").head(FASTEST_SHOWN)
+    if ok.empty:
+        return None
+    t = Table(title=f"fastest {len(ok)} of {int((frame['status'] == 'ok').sum())} points that fit")
+    cost = "cost_per_million_tokens_usd" in ok and bool(ok["cost_per_million_tokens_usd"].notna().any())
+    for name in [*axes, "s/iter", "tokens/s", *(["USD/M tokens"] if cost else [])]:
+        t.add_column(escape(name), justify="left" if name in axes else "right")
+    for _, row in ok.iterrows():
+        cells = [escape(str(row[a])) for a in axes]
+        cells += [f"{row['iteration_time_s']:.4g}", f"{row['tokens_per_s']:,.0f}"]
+        t.add_row(*cells, *([_fmt(dict(row), "cost_per_million_tokens_usd", ",.2f")] if cost else []))
+    return t
+
+
+def _sweep_exit(outcome: Any, out: Path | None) -> None:
     """Exit 143 on SIGTERM, 130 on Ctrl-C (saying how to resume), 1 when chunks were lost."""
-    resume = "finished points are saved; run the same command again to resume"
+    resume = ("finished points are saved; run the same command again to resume" if out is not None
+              else "nothing was kept (no -o); give -o DIR to make a sweep resumable")
     if outcome.interrupted:
         code = ExitCode.TERMINATED if outcome.signal_name == "SIGTERM" else ExitCode.INTERRUPTED
         say(f"{'stopped by SIGTERM' if code == ExitCode.TERMINATED else 'interrupted'}: {resume}", stderr=True)
@@ -167,7 +223,8 @@ def _sweep_exit(outcome: Any) -> None:
     if outcome.failed_chunks:
         fail(f"{outcome.failed_chunks} chunks were lost to worker failures; run again to retry them", ExitCode.NO)
     if not outcome.complete:
-        say("stopped before the end (--max-points); run the same command again to continue")
+        again = "run the same command again to continue" if out is not None else "give -o DIR to continue later"
+        say(f"stopped before the end (--max-points); {again}")
 
 
 # ----------------------------------------------------------------------------- size
