@@ -1,6 +1,6 @@
 """What every ``offsim`` subcommand shares: consoles, the error exit, exit codes, output checks,
 the listings of shipped files. The shared options themselves are declared in
-:mod:`offsim.commands._options` (re-exported here under their earlier ``*Opt`` names).
+:mod:`offsim.commands._options`, which commands import as ``opt``.
 
 Lives apart from :mod:`offsim.cli` so that the command modules never import the app that
 imports them (no ``cli <-> commands`` cycle).
@@ -21,14 +21,13 @@ import sys
 from collections.abc import Callable
 from enum import IntEnum, StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from offsim.commands import _options as opt
 from offsim.core.strict_json import dumps
 
 if TYPE_CHECKING:
@@ -49,15 +48,6 @@ class ExitCode(IntEnum):
 
 console = Console()
 err_console = Console(stderr=True)
-
-#: Earlier names that :mod:`offsim.commands.validate` still imports (the other commands read
-#: ``ExitCode.NO``, ``opt.HARDWARE``, ``opt.Hardware`` and so on).
-EXIT_NO = ExitCode.NO
-DEFAULT_HARDWARE, DEFAULT_WORKLOAD = opt.HARDWARE, opt.WORKLOAD
-HardwareOpt: TypeAlias = opt.Hardware
-WorkloadOpt: TypeAlias = opt.Workload
-JsonOpt: TypeAlias = opt.Json
-QuietOpt: TypeAlias = opt.Quiet
 
 
 def fail(message: str, code: int = ExitCode.BAD_INPUT) -> NoReturn:

@@ -30,15 +30,15 @@ def _option(long: str, short: str, what: str) -> typer.models.OptionInfo:
     return typer.Option(long, short, help=f"{what} name or YAML path; repeat to compare")
 
 
-HardwareOpt = Annotated[list[str], _option("--hardware", "-H", "hardware profile")]
-WorkloadOpt = Annotated[list[str], _option("--workload", "-w", "workload")]
-StrategyOpt = Annotated[list[str], _option("--strategy", "-s", "strategy")]
+HardwareList = Annotated[list[str], _option("--hardware", "-H", "hardware profile")]
+WorkloadList = Annotated[list[str], _option("--workload", "-w", "workload")]
+StrategyList = Annotated[list[str], _option("--strategy", "-s", "strategy")]
 
 
 def report(
-    hardware: HardwareOpt = [opt.HARDWARE],  # noqa: B006 - typer reads the default, never mutated
-    workload: WorkloadOpt = [opt.WORKLOAD],  # noqa: B006
-    strategy: StrategyOpt = [opt.STRATEGY],  # noqa: B006
+    hardware: HardwareList = [opt.HARDWARE],  # noqa: B006 - typer reads the default, never mutated
+    workload: WorkloadList = [opt.WORKLOAD],  # noqa: B006
+    strategy: StrategyList = [opt.STRATEGY],  # noqa: B006
     iterations: opt.Iterations = opt.ITERATIONS,
     warmup: opt.Warmup = opt.WARMUP,
     out: Annotated[Path | None, opt.out("write the HTML page here")] = None,
