@@ -126,14 +126,18 @@ def test_dos_split_is_partial_and_no_slower_than_cpu_only() -> None:
     cpu_only = strategy("deep-optimizer-states", optimizer_split="fixed")
     result = simulate(make_run_config(HW, WL, dos))
     spans = result.spans()
-    last = spans["iteration"].max()
-    on_gpu = spans[(spans.iteration == last) & spans.name.str.startswith("GPU Adam sub-group")]
+    cfg = result.config
+    steady = range(cfg.warmup_iterations, cfg.iterations)
+    on_gpu = spans[spans.iteration.isin(steady) & spans.name.str.startswith("GPU Adam sub-group")]
+    groups_on_gpu_per_iteration = len(on_gpu) / len(steady)  # the run-time split may vary by a group
     groups = -(-5_948_837_888 // int(1e7))  # ceil: sub_group_size 1e7
-    assert 0 < len(on_gpu) < groups
+    assert 0 < groups_on_gpu_per_iteration < groups
     assert result.metrics.phases_s.optimizer <= run(cpu_only).phases_s.optimizer
-    # the streamed state crosses PCIe both ways: 16 B/param in, 12 B/param out
+    # the streamed state crosses PCIe both ways: 16 B/param in, 12 B/param out (traffic is the
+    # average over the steady iterations, so is the count)
     assert result.metrics.traffic_bytes.d2h == pytest.approx(
-        run(cpu_only).traffic_bytes.d2h + len(on_gpu) * 5_948_837_888 / groups * 12, rel=1e-6)
+        run(cpu_only).traffic_bytes.d2h + groups_on_gpu_per_iteration * 5_948_837_888 / groups * 12,
+        rel=1e-6)
 
 
 def test_dos_without_free_gpu_memory_stays_on_the_cpu() -> None:
@@ -205,7 +209,7 @@ def test_split_program_streams_the_chosen_groups_through_the_buffers() -> None:
     frees = [op for op in program.ops if isinstance(op.body, Free) and op.body.tier is Tier.GPU]
     adams = [op for op in program.ops if isinstance(op.body, Delay) and op.stream == "gpu_opt"]
     cpu = [op for op in program.ops if op.tag.activity is Activity.OPTIMIZER and op.stream == "cpu_step"
-           and op.tag.group >= 0]
+           and op.tag.label.startswith("CPU Adam sub-group")]  # not the host passes around it
     assert len(allocs) == len(frees) == len(adams) == 10
     assert len(cpu) == n - 10
     assert {op.tag.group for op in adams}.isdisjoint({op.tag.group for op in cpu})
