@@ -1,8 +1,9 @@
 """The ``offsim`` command line (Typer).
 
-Core commands live here (``run``, ``profiles``, ``workloads``, ``schema``; ``strategies`` is in
-:mod:`offsim.commands.strategies`);
-every module in :mod:`offsim.commands` adds its own with a ``register(app)`` function.
+Core commands live here (``run``, ``profiles``, ``workloads``, ``schema``, ``version``); every
+module in :mod:`offsim.commands` adds its own with a ``register(app)`` function, and is imported
+only when one of its commands runs or its help is shown (:data:`COMMAND_MODULES`), so that
+``offsim run`` pays for none of them (issue 16: start-up time).
 User errors (:class:`~offsim.errors.OffsimError`) print one message and exit with status 2; the
 exit codes of every command are listed once, in :mod:`offsim.commands._common`.
 """
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import importlib
 import json
-import pkgutil
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel
+from typer.core import TyperGroup
 
 from offsim import __version__
 from offsim.commands import _options as opt
@@ -33,9 +33,49 @@ from offsim.commands._common import (
 )
 from offsim.errors import OffsimError
 
-__all__ = ["app"]
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from typer import _click as click  # Typer's own copy of click, which its groups hold
 
-app = typer.Typer(add_completion=False, no_args_is_help=True)
+__all__ = ["COMMAND_MODULES", "app", "commands"]
+
+#: Each command defined in :mod:`offsim.commands`, with the module that defines it (a test checks
+#: this against the modules' ``register``). The help lists them in this order, after the core ones.
+COMMAND_MODULES: dict[str, str] = {
+    "strategies": "strategies", "schedule": "schedule", "compare": "compare", "rok": "compare",
+    "fit": "fit", "tune": "tune", "report": "report", "sweep": "sweep", "size": "sweep",
+    "validate": "validate", "calibrate": "calibrate",
+}
+
+
+class LazyGroup(TyperGroup):
+    """The ``offsim`` group: a command of :data:`COMMAND_MODULES` is built, its module imported and
+    registered, when it is first asked for (to run it, or for the help that lists it)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*self.commands, *(name for name in COMMAND_MODULES if name not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            self._load(COMMAND_MODULES[cmd_name])
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.commands and args[0] not in COMMAND_MODULES:
+            for module_name in dict.fromkeys(COMMAND_MODULES.values()):  # a typo: suggest from all
+                self._load(module_name)
+        return super().resolve_command(ctx, args)
+
+    def _load(self, module_name: str) -> None:
+        """Import ``offsim.commands.<module_name>`` and add the commands its ``register`` makes."""
+        module = importlib.import_module(f"offsim.commands.{module_name}")
+        extension = typer.Typer(rich_markup_mode=self.rich_markup_mode)
+        module.register(extension)
+        for name, command in typer.main.get_group(extension).commands.items():
+            self.commands.setdefault(name, command)
+
+
+app = typer.Typer(cls=LazyGroup, add_completion=False, no_args_is_help=True)
 
 
 def _version_callback(value: bool) -> None:
@@ -97,9 +137,9 @@ def run(
 
 def _write_run_files(result: Any, trace: Path | None, spans_csv: Path | None) -> None:
     """Write the trace and the spans of a feasible run where their options name."""
-    from offsim.report.chrome_trace import write_chrome_trace
-
     if trace is not None:
+        from offsim.report.chrome_trace import write_chrome_trace
+
         write_chrome_trace(result, trace)
     if spans_csv is not None:
         result.spans().to_csv(spans_csv, index=False)
@@ -150,15 +190,9 @@ def version() -> None:
     typer.echo(f"offsim {__version__}")
 
 
-def _register_extensions() -> None:
-    """Let every module in offsim.commands add its commands."""
-    import offsim.commands as commands
-
-    for info in pkgutil.iter_modules(commands.__path__):
-        if info.name.startswith("_"):  # shared helpers, no commands
-            continue
-        module = importlib.import_module(f"offsim.commands.{info.name}")
-        module.register(app)
-
-
-_register_extensions()
+def commands() -> dict[str, click.Command]:
+    """Every command of ``offsim`` by name, in the help's order (each command module imported)."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, LazyGroup)
+    found = {name: group.get_command(None, name) for name in group.list_commands(None)}
+    return {name: command for name, command in found.items() if command is not None}

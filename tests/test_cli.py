@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import typer
 from typer.testing import CliRunner
 
-from offsim.cli import app
+from offsim.cli import COMMAND_MODULES, app, commands
 
 runner = CliRunner()
 JSON_KEYS = {"feasible", "infeasible_reason", "iteration_time_s", "tokens_per_s", "tflops_per_gpu", "phases_s",
@@ -15,11 +21,57 @@ JSON_KEYS = {"feasible", "infeasible_reason", "iteration_time_s", "tokens_per_s"
 
 
 def test_help_of_every_command() -> None:
-    assert runner.invoke(app, ["--help"]).exit_code == 0
-    for cmd in app.registered_commands:
-        name = cmd.name or cmd.callback.__name__
+    listing = runner.invoke(app, ["--help"], terminal_width=200)
+    assert listing.exit_code == 0
+    for name in commands():
+        assert re.search(rf"│ {name} ", listing.output), f"offsim --help does not list {name}"
         result = runner.invoke(app, [name, "--help"])
         assert result.exit_code == 0, name
+
+
+def test_command_modules_name_what_each_module_registers() -> None:
+    """:data:`offsim.cli.COMMAND_MODULES` (what start-up knows without importing) agrees with the
+    modules of offsim.commands (what their ``register`` adds)."""
+    import offsim.commands as package
+
+    registered: dict[str, str] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_"):
+            continue
+        sub = typer.Typer()
+        importlib.import_module(f"offsim.commands.{info.name}").register(sub)
+        registered |= {name: info.name for name in typer.main.get_group(sub).commands}
+    assert registered == COMMAND_MODULES
+
+
+def _modules_after(code: str) -> set[str]:
+    """The top-level packages and offsim modules a fresh interpreter holds after ``code``."""
+    probe = f"{code}\nimport sys\nprint(' '.join(sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    return set(done.stdout.split())
+
+
+HEAVY = ("pandas", "plotly", "dask", "distributed", "torch", "scipy", "pyarrow")
+
+
+def test_importing_the_cli_imports_no_heavy_package_and_no_command_module() -> None:
+    """Start-up pays for what ``offsim run`` uses only (issue 16): no pandas, plotly, Dask, PyTorch
+    or SciPy, and no module of offsim.commands beyond the shared helpers."""
+    loaded = _modules_after("import offsim.cli")
+    assert not loaded & set(HEAVY)
+    assert {m for m in loaded if m.startswith("offsim.commands.")} <= {"offsim.commands._common",
+                                                                       "offsim.commands._options"}
+    assert "offsim.search.protrain" not in loaded
+
+
+def test_a_run_imports_only_its_own_command() -> None:
+    loaded = _modules_after("from offsim.cli import app\n"
+                            "try:\n    app(['run', '-H', 'tiny', '-w', 'tiny', '-s', 'zero-offload', '-q'])\n"
+                            "except SystemExit as exc:\n    assert exc.code == 0, exc.code")
+    assert not loaded & {"pandas", "plotly", "dask", "torch", "scipy"}
+    assert not {m for m in loaded if m.startswith("offsim.commands.") and not m.startswith("offsim.commands._")}
+    tune = _modules_after("from offsim.cli import app\ntry:\n    app(['tune', '--help'])\nexcept SystemExit:\n    pass")
+    assert "offsim.commands.tune" in tune and "offsim.commands.compare" not in tune
 
 
 def test_run_json_has_the_documented_keys() -> None:

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import typer
-from typer.core import TyperGroup, TyperOption
+from typer.core import TyperOption
 from typer.testing import CliRunner
 
 from offsim import __version__
-from offsim.cli import app
+from offsim.cli import app, commands
 from offsim.commands import _options as opt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +47,7 @@ ITERATIONS = ["run", "report", "tune", "compare", "rok", "fit", "schedule", "siz
 
 
 def _names() -> list[str]:
-    return [c.name or c.callback.__name__ for c in app.registered_commands]
+    return list(commands())
 
 
 def _help(command: str) -> str:
@@ -78,9 +77,7 @@ def test_iterations_option_is_the_same_everywhere(command: str) -> None:
 
 def _options(command: str) -> dict[str, TyperOption]:
     """The click options of ``command`` by their first long name."""
-    group = typer.main.get_command(app)
-    assert isinstance(group, TyperGroup)
-    params = group.commands[command].params
+    params = commands()[command].params
     return {next(o for o in p.opts if o.startswith("--")): p for p in params if isinstance(p, TyperOption)}
 
 
@@ -114,12 +111,10 @@ def test_shared_option_is_one_declaration(option: str) -> None:
 
 def test_out_is_dash_o_everywhere() -> None:
     """Every command with an output file or folder names it ``-o/--out``."""
-    group = typer.main.get_command(app)
-    assert isinstance(group, TyperGroup)
     with_out = [c for c in EXPECTED if "--out" in EXPECTED[c]]
     for command in with_out:
         assert {"-o", "--out"} <= set(_options(command)["--out"].opts), command
-    others = [name for name, cmd in group.commands.items()
+    others = [name for name, cmd in commands().items()
               if any("-o" in p.opts for p in cmd.params if isinstance(p, TyperOption)) and name not in with_out]
     assert others == ["strategies"]  # its -o goes with --ds-config
 

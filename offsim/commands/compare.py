@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -24,6 +23,9 @@ from rich.table import Table
 from offsim.commands import _options as opt
 from offsim.commands._common import ExitCode, check_out_file, console, fail, load_config, print_json, say
 from offsim.report.progress import progress_bar
+
+if TYPE_CHECKING:  # pandas is imported where a table is built (issue 16: start-up)
+    import pandas as pd
 
 #: ``compare``'s base strategy: a GPU parameter buffer and a DRAM cache over NVMe to vary.
 COMPARE_STRATEGY = "zero-infinity-nvme"
@@ -207,6 +209,8 @@ def _run_compare(hardware: str, workload: str, strategy: str, policies: str | No
     run with the batch and precision the base strategy's file sets; each of ``--strategies`` with
     those its own file sets, so its row is what ``offsim run`` gives for it.
     """
+    import pandas as pd
+
     from offsim.compare import DEFAULT_POLICIES, policy_variants, run_variants, tighten_upper_bounds
     from offsim.errors import OffsimError
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -32,7 +31,9 @@ from rich.table import Table
 from offsim.commands import _options as opt
 from offsim.commands._common import ExitCode, check_out_file, console, fail, print_json, say
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pandas is imported where the table is built (issue 16: start-up)
+    import pandas as pd
+
     from offsim.config.run import RunConfig
     from offsim.plan.footprint import Footprint
 
@@ -120,6 +121,8 @@ def fit_table(report: dict[str, Any]) -> pd.DataFrame:
     ``status``, ``fits``, ``iteration_time_s``, ``tokens_per_s``, per tier ``<tier>_peak_bytes`` and
     ``<tier>_capacity_bytes`` (training; GPU per GPU, the others per node), ``startup_<tier>_peak_bytes``
     (pinned and host while the model is loaded and the optimizer built), ``reason``."""
+    import pandas as pd
+
     rows = []
     for r in report["strategies"]:
         row = {k: r[k] for k in ("strategy", "status", "fits", "iteration_time_s", "tokens_per_s")}

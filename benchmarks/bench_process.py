@@ -1,0 +1,85 @@
+"""The whole ``offsim run`` process against the bare imports, measured in the same run (issue 16).
+
+    python benchmarks/bench_process.py              # 15 rounds
+    python benchmarks/bench_process.py -n 31 --json
+
+Each round starts, one after the other, a fresh interpreter for each of:
+
+* the baseline: ``python -c "import numpy, pydantic, simpy, yaml"``;
+* ``offsim run`` with the README's main example (``-H rtx4090-pcie4-ws -w llama2-7b -s
+  zero-offload``, ``-q``), started as the ``offsim`` console script starts it;
+* ``offsim --help`` (start-up and the listing of every command, no simulation);
+
+and prints, per process, the median wall time and the median CPU time (user + system of the
+child) over the rounds, and each as a ratio to the baseline's. Interleaving the rounds lets the
+three see the same load on a shared machine. Prints figures only; nothing here asserts a timing
+(``tests/test_cli.py`` checks what start-up imports).
+"""
+
+# ruff: noqa: T201 - a benchmark prints its figures
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+MAIN_EXAMPLE = ["-H", "rtx4090-pcie4-ws", "-w", "llama2-7b", "-s", "zero-offload"]
+ENTRY = "import sys; from offsim.cli import app; sys.exit(app())"  # what the console script runs
+PROCESSES = {
+    "bare imports": ["-c", "import numpy, pydantic, simpy, yaml"],
+    "offsim run (main example)": ["-c", ENTRY, "run", *MAIN_EXAMPLE, "-q"],
+    "offsim --help": ["-c", ENTRY, "--help"],
+}
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(argv: list[str]) -> tuple[float, float]:
+    """(wall s, CPU s) of one fresh interpreter running ``argv``; fails if it exits non-zero."""
+    cpu0, wall0 = _children_cpu_s(), time.perf_counter()
+    subprocess.run([sys.executable, *argv], check=True, capture_output=True)
+    return time.perf_counter() - wall0, _children_cpu_s() - cpu0
+
+
+def measure(rounds: int) -> dict[str, dict[str, float]]:
+    """Median wall and CPU seconds per process over ``rounds`` interleaved rounds (one warm-up)."""
+    for argv in PROCESSES.values():  # warm the file cache and the .pyc files
+        timed(argv)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in PROCESSES}
+    for _ in range(rounds):
+        for name, argv in PROCESSES.items():
+            samples[name].append(timed(argv))
+    return {name: {"wall_s": statistics.median(w for w, _ in runs), "cpu_s": statistics.median(c for _, c in runs)}
+            for name, runs in samples.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--rounds", type=int, default=15, help="rounds (median over them; default 15)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args()
+    figures = measure(args.rounds)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return
+    base = figures["bare imports"]
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}; median of {args.rounds} rounds")
+    print(f"{'process':<28} {'wall':>8} {'/ bare':>7} {'CPU':>8} {'/ bare':>7}")
+    for name, f in figures.items():
+        print(f"{name:<28} {f['wall_s']:>7.3f}s {f['wall_s'] / base['wall_s']:>6.2f}x "
+              f"{f['cpu_s']:>7.3f}s {f['cpu_s'] / base['cpu_s']:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
