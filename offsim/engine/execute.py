@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from heapq import heappop
 
 import simpy
 
@@ -30,6 +31,7 @@ from offsim.engine.flows import FlowNetwork
 from offsim.engine.hooks import CachePolicy, ChoicePolicy, FetchTracker, PolicyCache
 from offsim.engine.memory import Memory
 from offsim.engine.node import Node
+from offsim.engine.slots import Slots
 from offsim.engine.steady import SteadyState
 from offsim.schedule.analysis import bind
 from offsim.schedule.ops import (
@@ -94,6 +96,43 @@ _NOUN = {
 }
 
 
+class _OpInfo:
+    """What the executor reads of a template op at each of its instances, worked out once per op
+    (issue 16: an op runs once per layer, micro-batch and iteration; its phase, stream, span name
+    and flow usage do not change).
+
+    Attributes:
+        op: the op (kept, so that its ``id`` names it while this lives).
+        phase: the span phase of an instance issued by the program counter.
+        main: it runs on the stream that records stalls (phases and iteration starts come from it).
+        ordered: it runs on an in-order stream (after the op issued before it there).
+        queue: the slot of the out-of-order stream it runs on (None: none).
+        access: it is a cache :class:`~offsim.schedule.ops.Access`.
+        start: what starting it does.
+        name: the span name of a kernel or a flow ("": another op).
+        usage: a flow's usage per resource name (None: not a flow).
+    """
+
+    __slots__ = ("access", "main", "name", "op", "ordered", "phase", "queue", "start", "usage")
+
+    def __init__(self, ex: Executor, op: Op) -> None:
+        body, stream = op.body, op.stream
+        kind = type(body)
+        self.op = op
+        self.phase = str(op.tag.phase)
+        self.main = stream is not None and stream == ex.main
+        self.queue = ex.queues.get(stream) if stream is not None else None
+        self.ordered = stream is not None and self.queue is None
+        self.access = isinstance(body, Access)
+        start = ex._starters.get(kind)
+        if start is None:  # a hook, or a subclass of a body the executor starts
+            start = next((f for t, f in ex._starters.items() if isinstance(body, t)), ex._hook)
+        self.start: Callable[[Node], None] = start
+        flow = isinstance(body, Flow)
+        self.name = ex._what_op(op) if flow or isinstance(body, Delay) else ""  # others: :meth:`Executor._what`
+        self.usage = {str(r): c for r, c in body.usage} if flow else None  # type: ignore[union-attr]
+
+
 class Executor:
     """One run of a schedule; :meth:`run` returns the SimPy events processed."""
 
@@ -104,9 +143,9 @@ class Executor:
         self.choice_policies = choices or {}
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, machine.capacity, duplex_rule(machine.duplex_efficiency), self._flow_done)
-        self.memory = Memory(lambda: self.env.now, machine.memory_bytes, machine.ranks_per_node, machine.nodes,
+        self.memory = Memory(lambda: self.env._now, machine.memory_bytes, machine.ranks_per_node, machine.nodes,
                              recorder.level)
-        self.copy_engines = simpy.Resource(self.env, capacity=machine.copy_engines)
+        self.copy_engines = Slots(self.env, machine.copy_engines)
         self.pools = {p.name: simpy.Container(self.env, capacity=max(p.capacity, 1), init=max(p.capacity, 1))
                       for p in schedule.pools}
         self.main = next((s.name for s in schedule.streams if s.records_stalls), None)
@@ -118,7 +157,7 @@ class Executor:
             else:
                 self.caches[spec.id] = PolicyCache(spec, policy, self._program, self._cache_event,
                                                    self._peak_noter(str(spec.id)), self.memory.gpu_free_bytes)
-        self.queues = {s.name: simpy.Resource(self.env, capacity=1) for s in schedule.streams if not s.in_order}
+        self.queues = {s.name: Slots(self.env, 1) for s in schedule.streams if not s.in_order}
         self.stream_last: dict[str, Node] = {}
         self._bound: dict[tuple[TensorRef, int], TensorRef] = {}
         self.last_write: dict[TensorRef, Node] = {}
@@ -130,6 +169,17 @@ class Executor:
         self.cursor = Cursor(schedule.body)
         self.steady: SteadyState | None = None  # the shortcut's watcher, while and after a run with it
         self._end_ops: dict[int, Op] = {}
+        self._starters: dict[type, Callable[[Node], None]] = {
+            Delay: self._start_delay, Flow: self._start_flow, Alloc: self._start_alloc, Free: self._start_free,
+            Acquire: self._start_acquire, Release: self._start_release, Join: self._finish, Choose: self._choose}
+        self._infos: dict[int, _OpInfo] = {}  # per template op (by id; the info keeps the op alive)
+
+    def _info(self, op: Op) -> _OpInfo:
+        """The op's :class:`_OpInfo` (worked out on its first instance)."""
+        info = self._infos.get(id(op))
+        if info is None:
+            info = self._infos[id(op)] = _OpInfo(self, op)
+        return info
 
     # ------------------------------------------------------------ issue
     def run(self, steady_shortcut: bool = True) -> int:
@@ -142,20 +192,32 @@ class Executor:
         if steady is not None:
             self.cursor.on_enter = steady.entered
         self._advance()
-        cursor, step = self.cursor, self.env.step
+        self._loop(steady)
+        self._close()
+        return self.events
+
+    def _loop(self, steady: SteadyState | None) -> None:
+        """Process the events in order (``simpy.Environment.step``, inlined: issue 16), and let
+        the shortcut look at each repetition begun."""
+        cursor, env = self.cursor, self.env
+        queue = env._queue  # the shortcut moves its events in place
         while True:
             if cursor.crossed:
                 frames, cursor.crossed = cursor.crossed, []
                 if steady is not None:
                     for frame in frames:
                         steady.at_boundary(frame)
-            try:
-                step()
-            except simpy.core.EmptySchedule:
+            if not queue:
                 break
+            env._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
             self.events += 1
-        self._close()
-        return self.events
 
     def _walk_accesses(self) -> None:
         """Give each cache its access sequences (for policies that read ahead), and count the
@@ -177,48 +239,48 @@ class Executor:
     def _advance(self) -> None:
         """Issue ops in program order up to the next op of the main stream that has not finished:
         the main stream is the program counter (what follows it is issued when it is done)."""
-        cursor = self.cursor
+        cursor, infos = self.cursor, self._infos
         for op in cursor:
             micro_batch = cursor.micro_batch
-            node = Node(op, cursor.iteration, micro_batch, str(op.tag.phase))
+            info = infos.get(id(op)) or self._info(op)
+            node = Node(op, cursor.iteration, micro_batch, info.phase, info)
             nodes = cursor.nodes
             nodes.append(node)
             self._issue(node, [nodes[a] for a in op.after], micro_batch)
-            if op.stream is not None and op.stream == self.main and not node.finished:
+            if info.main and not node.finished:
                 node.waiters.append(self._advance)
                 return
 
-    def _issue(self, node: Node, after: list[Node], micro_batch: int,
+    def _issue(self, node: Node, deps: list[Node], micro_batch: int,
                stream_last: dict[str, Node] | None = None) -> None:
-        """Bind ``node``'s dependencies; start it if none is pending. ``stream_last``: the last
-        op issued on each in-order stream (the run's, unless a program keeps its own)."""
-        op = node.op
-        if stream_last is None:
-            stream_last = self.stream_last
-        deps = list(after)
+        """Bind ``node``'s dependencies (``deps``: its ``after`` ops, a list of the caller's that
+        this extends); start it if none is pending. ``stream_last``: the last op issued on each
+        in-order stream (the run's, unless a program keeps its own)."""
+        op, info = node.op, node.info
+        last_write = self.last_write
         for x in op.reads:
-            w = self.last_write.get(self._bind(x, micro_batch))
+            w = last_write.get(x if x.mb != CUR_MB else self._bind(x, micro_batch))
             if w is not None:
                 deps.append(w)
-        queue = self.queues.get(op.stream) if op.stream is not None else None
-        if op.stream is not None and queue is None:
-            pred = stream_last.get(op.stream)
+        if info.ordered:
+            if stream_last is None:
+                stream_last = self.stream_last
+            pred = stream_last.get(op.stream)  # type: ignore[arg-type]
             if pred is not None:
                 node.stream_pred = pred
                 deps.append(pred)
-            stream_last[op.stream] = node
+            stream_last[op.stream] = node  # type: ignore[index]
         for ref in op.writes:
-            self.last_write[self._bind(ref, micro_batch)] = node
-        if isinstance(op.body, Access):
-            self.caches[op.body.cache].on_issue(node)
-        node.head_s = self.env.now
-        if queue is None:
-            self._wait_all(node, deps, lambda: self._start(node))
-        else:
-            self._wait_all(node, deps, lambda: self._enqueue(node, queue))
+            last_write[ref if ref.mb != CUR_MB else self._bind(ref, micro_batch)] = node
+        if info.access:
+            self.caches[op.body.cache].on_issue(node)  # type: ignore[union-attr]
+        node.head_s = self.env._now
+        self._wait_all(node, deps, self._start if info.queue is None else self._enqueue)
 
-    def _enqueue(self, node: Node, queue: simpy.Resource) -> None:
-        """Wait for the queue's turn, then start (the slot is held until the op finishes)."""
+    def _enqueue(self, node: Node) -> None:
+        """Wait for the turn of the op's out-of-order stream, then start (the slot is held until
+        the op finishes)."""
+        queue = node.info.queue
         req = queue.request()
         node.request = (queue, req)
         req.callbacks.append(lambda _e: self._start(node))
@@ -233,25 +295,20 @@ class Executor:
             bound = self._bound[key] = bind(ref, micro_batch)
         return bound
 
-    def _wait_all(self, node: Node, deps: list[Node], then: Callable[[], None]) -> None:
-        """Call ``then`` once every node of ``deps`` has finished (now if they have)."""
-        open_deps = [d for d in set(deps) if not d.finished]
-        node.pending = len(open_deps)
-        if not open_deps:
-            then()
-            return
+    def _wait_all(self, node: Node, deps: list[Node], then: Callable[[Node], None]) -> None:
+        """Call ``then(node)`` once every node of ``deps`` has finished (now if they have).
 
-        def one_done(dep: Node) -> Callable[[], None]:
-            def cb() -> None:
-                if dep is node.stream_pred:
-                    node.head_s = self.env.now
-                node.pending -= 1
-                if node.pending == 0:
-                    then()
-            return cb
-
-        for d in open_deps:
-            d.waiters.append(one_done(d))
+        A node waits by standing in the waiters of each dependency not finished (once each);
+        :meth:`_finish` counts it down, and ``then`` is kept on the node until it runs."""
+        node.then = then
+        pending = 0
+        for d in dict.fromkeys(deps) if len(deps) > 1 else deps:
+            if not d.finished:
+                d.waiters.append(node)
+                pending += 1
+        node.pending = pending
+        if not pending:
+            then(node)
 
     def _program(self, block: Block, origin: Node, after: list[Node]) -> Node:
         """Run a cache's program for the op ``origin`` after ``after``; returns a node that
@@ -263,23 +320,27 @@ class Executor:
         """Issue ``block``'s ops for ``origin`` (with ``stream_last``: ordered on in-order streams
         among themselves only); returns its nodes and a node that finishes when all have."""
         nodes: list[Node] = []
+        infos = self._infos
         for op in block.ops:
-            node = Node(op, origin.iteration, origin.micro_batch, origin.phase)
+            info = infos.get(id(op)) or self._info(op)
+            node = Node(op, origin.iteration, origin.micro_batch, origin.phase, info)
             nodes.append(node)
             self._issue(node, [nodes[a] for a in op.after] + (after if not op.after else []), origin.micro_batch,
                         stream_last)
         end_op = self._end_ops.get(id(block))
         if end_op is None:  # one per program, so that a program's end is the same op each time
             end_op = self._end_ops[id(block)] = Op(-1, Join(), block.ops[0].tag)
-        end = Node(end_op, origin.iteration, origin.micro_batch, origin.phase)
-        end.head_s = self.env.now
-        self._wait_all(end, nodes, lambda: self._finish(end))
+        end = Node(end_op, origin.iteration, origin.micro_batch, origin.phase, self._info(end_op))
+        end.head_s = self.env._now
+        self._wait_all(end, nodes, self._finish)
         return nodes, end
 
-    def _choose(self, node: Node, body: Choose) -> None:
+    def _choose(self, node: Node) -> None:
         """Ask the choice's policy (or take its default), run the program chosen in the op's
         place on its stream, and finish when the program has. The policy then learns how long
         the program kept the op's stream."""
+        body = node.op.body
+        assert isinstance(body, Choose)
         spec = self.schedule.choice(body.choice)
         assert spec is not None, f"no spec for choice {body.choice}"
         policy = self.choice_policies.get(body.choice)
@@ -293,35 +354,43 @@ class Executor:
                 policy.observe(option, 0.0)
             else:  # the op started now: its start is the program's
                 last.waiters.append(lambda: policy.observe(option, self.env.now - node.start_s))
-        self._wait_all(node, [end], lambda: self._finish(node))
+        self._wait_all(node, [end], self._finish)
 
     # ------------------------------------------------------------ start and finish
     def _start(self, node: Node) -> None:
-        node.start_s = self.env.now
-        self._track_main(node)
+        node.start_s = self.env._now
+        info = node.info
+        if info.main:
+            self._track_start(node)
+        info.start(node)
+
+    def _start_delay(self, node: Node) -> None:
+        self.env.timeout(node.op.body.seconds).callbacks.append(  # type: ignore[union-attr]
+            lambda _e: self._kernel_done(node))
+
+    def _start_alloc(self, node: Node) -> None:
         body = node.op.body
-        if isinstance(body, Delay):
-            self.env.timeout(body.seconds).callbacks.append(lambda _e: self._kernel_done(node))
-        elif isinstance(body, Flow):
-            self._start_flow(node, body)
-        elif isinstance(body, Alloc):
-            self.memory.hold(body.tier, self._bind(body.tensor, node.micro_batch), body.nbytes,
-                             lambda: self._what(node))
-            self._finish(node)
-        elif isinstance(body, Free):
-            self.memory.free(body.tier, self._bind(body.tensor, node.micro_batch))
-            self._finish(node)
-        elif isinstance(body, Acquire):
-            self.pools[body.pool].get(body.amount).callbacks.append(lambda _e: self._finish(node))
-        elif isinstance(body, Release):
-            self.pools[body.pool].put(body.amount)
-            self._finish(node)
-        elif isinstance(body, Join):
-            self._finish(node)
-        elif isinstance(body, Choose):
-            self._choose(node, body)
-        else:
-            self._hook(node)
+        assert isinstance(body, Alloc)
+        self.memory.hold(body.tier, self._bind(body.tensor, node.micro_batch), body.nbytes,
+                         lambda: self._what(node))
+        self._finish(node)
+
+    def _start_free(self, node: Node) -> None:
+        body = node.op.body
+        assert isinstance(body, Free)
+        self.memory.free(body.tier, self._bind(body.tensor, node.micro_batch))
+        self._finish(node)
+
+    def _start_acquire(self, node: Node) -> None:
+        body = node.op.body
+        assert isinstance(body, Acquire)
+        self.pools[body.pool].get(body.amount).callbacks.append(lambda _e: self._finish(node))
+
+    def _start_release(self, node: Node) -> None:
+        body = node.op.body
+        assert isinstance(body, Release)
+        self.pools[body.pool].put(body.amount)
+        self._finish(node)
 
     def _hook(self, node: Node) -> None:
         body = node.op.body
@@ -334,18 +403,23 @@ class Executor:
             cache.prefetch(node, body)
             self._finish(node)
         elif isinstance(body, Ready):
-            self._wait_all(node, [cache.ready(node)], lambda: self._finish(node))
+            self._wait_all(node, [cache.ready(node)], self._finish)
         elif isinstance(body, Done):
-            self._wait_all(node, cache.done(node), lambda: self._finish(node))
+            self._wait_all(node, cache.done(node), self._finish)
         elif isinstance(body, Flush):
-            def flush() -> None:
-                cache.flush(node)
-                self._finish(node)
-            self._wait_all(node, cache.flush_waits(), flush)
+            self._wait_all(node, cache.flush_waits(), self._flush)
 
-    def _start_flow(self, node: Node, body: Flow) -> None:
-        meta = {"node": node, "name": self._what(node)}
-        usage = {str(r): c for r, c in body.usage}
+    def _flush(self, node: Node) -> None:
+        """Empty the cache once the fetches in flight have ended."""
+        self.caches[node.op.body.cache].flush(node)  # type: ignore[union-attr]
+        self._finish(node)
+
+    def _start_flow(self, node: Node) -> None:
+        body = node.op.body
+        assert isinstance(body, Flow)
+        info = node.info
+        meta = {"node": node, "name": info.name}
+        usage: dict[str, float] = info.usage  # type: ignore[assignment]
         if not body.copy_engine:
             self.net.start(body.nbytes, usage, body.cap_bytes_per_s, meta).callbacks.append(
                 lambda _e: self._finish(node))
@@ -360,18 +434,32 @@ class Executor:
         req.callbacks.append(go)
 
     def _finish(self, node: Node) -> None:
-        """The op has run (a wait of the stream until now is a stall when the op says so)."""
+        """The op has run (a wait of the stream until now is a stall when the op says so); the
+        nodes waiting for it count it down, and each that has nothing left to wait for goes on."""
+        now = self.env._now
         if node.op.stall is not None:
-            self._stall(node, self.env.now)
+            self._stall(node, now)
         node.finished = True
         if node.request is not None:
             queue, req = node.request
             queue.release(req)
-        self.end_s = max(self.end_s, self.env.now)
-        self._track_main(node, end=True)
-        waiters, node.waiters = node.waiters, []
+        if now > self.end_s:
+            self.end_s = now
+        if node.info.main:
+            self.phases[(node.iteration, node.micro_batch, node.phase)][1] = now
+        waiters = node.waiters
+        if not waiters:
+            return
+        node.waiters = []
         for w in waiters:
-            w()
+            if isinstance(w, Node):
+                if w.stream_pred is node:
+                    w.head_s = now
+                w.pending -= 1
+                if w.pending == 0:
+                    w.then(w)  # type: ignore[misc]  # set by _wait_all
+            else:
+                w()
 
     # ------------------------------------------------------------ records
     def _unit(self, op: Op) -> str:
@@ -390,17 +478,21 @@ class Executor:
         return f"{op.tag.phase} {self._unit(op)}{mb}, iteration {iteration}"
 
     def _what(self, node: Node) -> str:
+        """The span name of ``node``'s op (kernels and flows: kept in its info)."""
+        return self._info(node.op).name or self._what_op(node.op)
+
+    def _what_op(self, op: Op) -> str:
         """The span name: the layer and the op's label, or the unit and what its activity moves."""
-        t = node.op.tag
+        t = op.tag
         if t.label:
             names = self.schedule.unit_names
             return f"{names[t.layer]} {t.label}" if 0 <= t.layer < len(names) else t.label
-        return " ".join(x for x in (self._label(node), _NOUN.get(t.activity, str(t.activity))) if x)
+        return " ".join(x for x in (self._unit(op), _NOUN.get(t.activity, str(t.activity))) if x)
 
     def _kernel_done(self, node: Node) -> None:
         t = node.op.tag
-        self.rec.span(Span(node.iteration, node.phase, "gpu", str(t.activity), self._what(node), t.layer, node.start_s,
-                           self.env.now))
+        self.rec.span(Span(node.iteration, node.phase, "gpu", str(t.activity), node.info.name, t.layer,
+                           node.start_s, self.env._now))
         self._finish(node)
 
     def _flow_done(self, flow: NetFlow) -> None:
@@ -433,14 +525,10 @@ class Executor:
                 info["peak_bytes"] = max(info["peak_bytes"], used_bytes)
         return note
 
-    def _track_main(self, node: Node, end: bool = False) -> None:
-        """Phases and iteration starts, from the ops of the stream that records stalls."""
-        if node.op.stream != self.main or node.op.stream is None:
-            return
+    def _track_start(self, node: Node) -> None:
+        """Phases and iteration starts, from the ops of the stream that records stalls (their
+        ends: :meth:`_finish`)."""
         key = (node.iteration, node.micro_batch, node.phase)
-        if end:
-            self.phases[key][1] = self.env.now
-            return
         if key not in self.phases:
             self.phases[key] = [node.head_s, node.head_s]
             while len(self.rec.iteration_starts_s) <= node.iteration:

@@ -24,6 +24,8 @@ from typing import Any
 import simpy
 
 _EPS = 1e-12
+#: flow sets whose rates the network keeps (it forgets them all beyond this)
+_RATE_MEMO = 65_536
 
 
 @dataclass(eq=False)
@@ -39,6 +41,7 @@ class Flow:
     meta: dict[str, Any] = field(default_factory=dict)
     remaining_bytes: float = 0.0
     rate_bytes_per_s: float = 0.0
+    key: int = -1  # names its usage and cap in the network's memo of rates (-1: not yet)
 
 
 def max_min_rates(
@@ -147,6 +150,8 @@ class FlowNetwork:
         self.flows: list[Flow] = []
         self._last_s = 0.0
         self.wake_token = WakeToken()  # the wake-up that is live (the others were superseded)
+        self._keys: dict[tuple[tuple[tuple[str, float], ...], float], int] = {}  # (usage, cap) -> key
+        self._rates: dict[tuple[int, ...], tuple[float, ...]] = {}  # the flows' keys in order -> rates
 
     def start(self, size_bytes: float, usage: dict[str, float], cap_bytes_per_s: float,
               meta: dict[str, Any]) -> simpy.Event:
@@ -155,27 +160,33 @@ class FlowNetwork:
         ``meta`` labels it (``name`` at least) and is handed back with the finished flow.
         """
         name = str(meta.get("name", "flow"))
-        if not all(res in self.capacity for res in usage):
+        if not usage.keys() <= self.capacity.keys():
             unknown = set(usage) - set(self.capacity)
             raise KeyError(f"flow {name!r} uses unknown resources {sorted(unknown)}")
         if cap_bytes_per_s <= 0:
             raise ValueError(f"flow {name!r} needs a positive rate cap")
         done = self.env.event()
-        flow = Flow(name, size_bytes, usage, cap_bytes_per_s, done, self.env.now, meta, size_bytes)
+        flow = Flow(name, size_bytes, usage, cap_bytes_per_s, done, self.env._now, meta, size_bytes)
         if size_bytes <= 0:
             self._finish(flow)
             return done
+        what = (tuple(usage.items()), cap_bytes_per_s)
+        key = self._keys.get(what)
+        if key is None:
+            key = self._keys[what] = len(self._keys)
+        flow.key = key
         self._advance()
         self.flows.append(flow)
         self._rebalance()
         return done
 
     def _advance(self) -> None:
-        dt = self.env.now - self._last_s
+        now = self.env._now
+        dt = now - self._last_s
         if dt > 0:
             for f in self.flows:
                 f.remaining_bytes -= f.rate_bytes_per_s * dt
-        self._last_s = self.env.now
+        self._last_s = now
 
     def _capacities(self) -> dict[str, float]:
         if self.capacity_rule is None:
@@ -184,16 +195,30 @@ class FlowNetwork:
         return self.capacity_rule(busy, self.capacity)
 
     def _rebalance(self) -> None:
+        """Share the bandwidth anew and wake up when the first flow will have finished.
+
+        The rates are a pure function of the flows' usages and caps in order (the capacities
+        depend on which resources are busy, which they decide), so each set met is shared once
+        and looked up after (issue 16: the same few sets recur at every layer)."""
         token = self.wake_token = WakeToken()
-        if not self.flows:  # nothing to share and nothing to wake for
+        flows = self.flows
+        if not flows:  # nothing to share and nothing to wake for
             return
-        rates = fair_rates(self.flows, self._capacities())
-        for f in self.flows:
-            f.rate_bytes_per_s = rates[f]
+        key = tuple([f.key for f in flows])
+        rates = self._rates.get(key)
+        if rates is None:
+            by_flow = fair_rates(flows, self._capacities())
+            rates = tuple([by_flow[f] for f in flows])
+            if len(self._rates) >= _RATE_MEMO:
+                self._rates.clear()
+            self._rates[key] = rates
         horizon = math.inf
-        for f in self.flows:
-            if f.rate_bytes_per_s > 0:
-                horizon = min(horizon, max(0.0, f.remaining_bytes) / f.rate_bytes_per_s)
+        for f, rate in zip(flows, rates, strict=True):
+            f.rate_bytes_per_s = rate
+            if rate > 0:
+                left_s = max(0.0, f.remaining_bytes) / rate
+                if left_s < horizon:
+                    horizon = left_s
         if horizon < math.inf:
             self.env.timeout(horizon).callbacks.append(lambda _ev: self._wake(token))
 

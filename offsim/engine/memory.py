@@ -96,14 +96,18 @@ class Memory:
         """Check, peak and report the levels a change of ``changed`` moved (the others cannot
         have crossed a capacity or a peak)."""
         t = self.now()
-        tiers = _REPORTED_BY[changed] if self._reported else REPORTED_TIERS
-        self._reported = True
+        if self._reported:
+            tiers = _REPORTED_BY[changed]
+        else:
+            tiers = REPORTED_TIERS
+            self._reported = True
+        peaks = self.peak_bytes
         for tier in tiers:
             level = self.level(tier)
             cap = self.capacity_bytes[tier]
             if level > cap * (1 + 1e-9):
                 scope = {"gpu": "per GPU", "pfs": "for the job"}.get(tier, "per node")
                 raise InfeasibleError(tier, level, cap, f"{scope}, at t={t:.4f} s while allocating {what()}")
-            if level > self.peak_bytes[tier]:
-                self.peak_bytes[tier] = level
+            if level > peaks[tier]:
+                peaks[tier] = level
             self.on_level(t, tier, level)

@@ -45,6 +45,7 @@ from offsim.engine.flows import Flow as NetFlow
 from offsim.engine.flows import WakeToken
 from offsim.engine.hooks import FetchTracker, PolicyCache
 from offsim.engine.node import Node
+from offsim.engine.slots import Slots
 from offsim.schedule.ops import Access, TensorRef
 
 if TYPE_CHECKING:
@@ -322,8 +323,8 @@ class _Canon:
             if position >= 0 and isinstance(n.op.body, Access):
                 position = self.pos(n.op.body.cache, position)
             self.described.append((id(n.op), self.iteration(n.iteration), self.micro_batch(n.micro_batch),
-                                   n.phase, n.pending, position, self.val(n.stream_pred), self.val(n.request),
-                                   tuple(self.val(w) for w in n.waiters)))
+                                   n.phase, n.pending, self.val(n.then), position, self.val(n.stream_pred),
+                                   self.val(n.request), tuple(self.val(w) for w in n.waiters)))
             k += 1
 
     def event(self, e: simpy.Event) -> Any:
@@ -414,9 +415,11 @@ def _stale_wake(c: _Canon, event: simpy.Event) -> bool:
 
 
 def _resource(c: _Canon, res: Any) -> Any:
+    if isinstance(res, Slots):
+        return (res.used, c.val(list(res.waiting)))
     if isinstance(res, simpy.Container):
         return (res.level, c.val(list(res.put_queue)), c.val(list(res.get_queue)))
-    return (c.val(list(res.users)), c.val(list(res.put_queue)), c.val(list(res.get_queue)))
+    raise OpaqueStateError(f"cannot compare a {type(res).__name__}")
 
 
 def _resources(c: _Canon) -> Any:
