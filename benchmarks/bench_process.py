@@ -1,7 +1,8 @@
 """The whole ``offsim run`` process against the bare imports, measured in the same run (issue 16).
 
-    python benchmarks/bench_process.py              # 15 rounds
+    python benchmarks/bench_process.py                  # 15 rounds
     python benchmarks/bench_process.py -n 31 --json
+    python benchmarks/bench_process.py --rev 52a8555 --rev HEAD  # and those of committed revisions
 
 Each round starts, one after the other, a fresh interpreter for each of:
 
@@ -11,9 +12,10 @@ Each round starts, one after the other, a fresh interpreter for each of:
 * ``offsim --help`` (start-up and the listing of every command, no simulation);
 
 and prints, per process, the median wall time and the median CPU time (user + system of the
-child) over the rounds, and each as a ratio to the baseline's. Interleaving the rounds lets the
-three see the same load on a shared machine. Prints figures only; nothing here asserts a timing
-(``tests/test_cli.py`` checks what start-up imports).
+child) over the rounds, and each as a ratio to the baseline's. ``--rev`` (repeatable) adds the two
+offsim processes of a ``git archive`` of that revision (run in it, on ``PYTHONPATH``) to every round. Interleaving
+the rounds lets all of them see the same load on a shared machine. Prints figures only; nothing
+here asserts a timing (``tests/test_cli.py`` checks what start-up imports).
 """
 
 # ruff: noqa: T201 - a benchmark prints its figures
@@ -28,7 +30,11 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 MAIN_EXAMPLE = ["-H", "rtx4090-pcie4-ws", "-w", "llama2-7b", "-s", "zero-offload"]
 ENTRY = "import sys; from offsim.cli import app; sys.exit(app())"  # what the console script runs
@@ -44,40 +50,66 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(argv: list[str]) -> tuple[float, float]:
-    """(wall s, CPU s) of one fresh interpreter running ``argv``; fails if it exits non-zero."""
+Process = tuple[list[str], Path]  # argv after the interpreter; the tree it runs in (first on sys.path)
+
+
+def timed(process: Process) -> tuple[float, float]:
+    """(wall s, CPU s) of one fresh interpreter; fails if it exits non-zero."""
+    argv, tree = process
+    env = dict(os.environ, PYTHONPATH=str(tree))
     cpu0, wall0 = _children_cpu_s(), time.perf_counter()
-    subprocess.run([sys.executable, *argv], check=True, capture_output=True)
+    subprocess.run([sys.executable, *argv], check=True, capture_output=True, cwd=tree, env=env)
     return time.perf_counter() - wall0, _children_cpu_s() - cpu0
 
 
-def measure(rounds: int) -> dict[str, dict[str, float]]:
+def processes(trees: dict[str, Path]) -> dict[str, Process]:
+    """The processes of a round: :data:`PROCESSES` in this working tree, and the offsim ones in
+    each revision's tree of ``trees``."""
+    out: dict[str, Process] = {name: (argv, REPO) for name, argv in PROCESSES.items()}
+    for rev, tree in trees.items():
+        out |= {f"{name} @ {rev}": (argv, tree) for name, argv in PROCESSES.items() if name != "bare imports"}
+    return out
+
+
+def measure(rounds: int, runs: dict[str, Process]) -> dict[str, dict[str, float]]:
     """Median wall and CPU seconds per process over ``rounds`` interleaved rounds (one warm-up)."""
-    for argv in PROCESSES.values():  # warm the file cache and the .pyc files
-        timed(argv)
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in PROCESSES}
+    for process in runs.values():  # warm the file cache and the .pyc files
+        timed(process)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for _ in range(rounds):
-        for name, argv in PROCESSES.items():
-            samples[name].append(timed(argv))
-    return {name: {"wall_s": statistics.median(w for w, _ in runs), "cpu_s": statistics.median(c for _, c in runs)}
-            for name, runs in samples.items()}
+        for name, process in runs.items():
+            samples[name].append(timed(process))
+    return {name: {"wall_s": statistics.median(w for w, _ in got), "cpu_s": statistics.median(c for _, c in got)}
+            for name, got in samples.items()}
+
+
+def archive(rev: str, folder: Path) -> Path:
+    """The tree of ``rev`` (``git archive``), unpacked into ``folder``."""
+    folder.mkdir()
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
+    return folder
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", "--rounds", type=int, default=15, help="rounds (median over them; default 15)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--rev", action="append", default=[],
+                    help="also measure the offsim processes of this git revision (repeatable)")
     args = ap.parse_args()
-    figures = measure(args.rounds)
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {rev: archive(rev, Path(tmp) / str(i)) for i, rev in enumerate(args.rev)}
+        figures = measure(args.rounds, processes(trees))
     if args.json:
         print(json.dumps(figures, indent=2))
         return
     base = figures["bare imports"]
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}; median of {args.rounds} rounds")
-    print(f"{'process':<28} {'wall':>8} {'/ bare':>7} {'CPU':>8} {'/ bare':>7}")
+    print(f"{'process':<40} {'wall':>8} {'/ bare':>7} {'CPU':>8} {'/ bare':>7}")
     for name, f in figures.items():
-        print(f"{name:<28} {f['wall_s']:>7.3f}s {f['wall_s'] / base['wall_s']:>6.2f}x "
+        print(f"{name:<40} {f['wall_s']:>7.3f}s {f['wall_s'] / base['wall_s']:>6.2f}x "
               f"{f['cpu_s']:>7.3f}s {f['cpu_s'] / base['cpu_s']:>6.2f}x")
 
 
