@@ -158,6 +158,8 @@ UNASKED = {
     "tune": ["tune", *TINY, "--grid", "small", "-q"],
     "strategies": ["strategies", "--ds-config", "zero-offload"],
     "report": ["report", *TINY],
+    "compare": ["compare", *TINY, "-q"],
+    "rok": ["rok", *TINY, "-q"],
     "sweep": ["sweep", str(ROOT / "sweeps" / "tiny-grid.yaml"), "--workers", "1", "-q"],
 }
 
