@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from offsim import make_run_config, simulate
+import offsim.report.bottleneck as bn
+from offsim import load_workload, make_run_config, simulate
 from offsim.report.bottleneck import bottleneck, find_bottleneck
+from offsim.report.tracks import steady_windows
 from offsim.trace import Span
 
 
@@ -102,3 +106,51 @@ def test_a_simulated_run_is_fully_accounted_for(strategy: str) -> None:
         assert b.resource == "gpu" and not b.waits_s
     if strategy == "zero-infinity-nvme":  # 0.5 GB/s NVMe writes against 1 GB/s PCIe: storage-bound
         assert b.resource.startswith("nvme")
+
+
+def _assert_same(fast: Any, full: Any) -> None:
+    """The same bottleneck: the sentence and the resource exactly, the seconds to 1e-9."""
+    assert fast.sentence == full.sentence
+    assert fast.resource == full.resource
+    for name in ("iteration_s", "gpu_busy_s", "unattributed_s"):
+        assert getattr(fast, name) == pytest.approx(getattr(full, name), rel=1e-9, abs=1e-12), name
+    for name in ("waits_s", "busy_s"):
+        got, want = getattr(fast, name), getattr(full, name)
+        assert got.keys() == want.keys(), name
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12), name
+
+
+@pytest.mark.parametrize(("strategy", "accumulation"), [("zero-infinity-nvme", 1), ("zero-offload", 1),
+                                                         ("zero-infinity-cpu", 20), ("fuyou", 1)])
+def test_the_skipped_iterations_are_walked_once(strategy: str, accumulation: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the steady-state shortcut the spans of the skipped iterations are copies: a window
+    that is a copy of one walked takes its terms (issue 16), and the bottleneck is the one a walk
+    over every span gives."""
+    wl = load_workload("tiny")
+    wl = wl.model_copy(update={"training": wl.training.model_copy(update={"grad_accumulation": accumulation})})
+    r = simulate(make_run_config("tiny", wl, strategy, iterations=12))
+    assert r.recorder.spans.repeats, "the shortcut skipped nothing"
+    windows = [(start, end) for _, start, end in steady_windows(r)]
+    walked: list[tuple[float, float]] = []
+    walk = bn._window_terms
+
+    def counting(spans: Any, window: tuple[float, float], cuts: Any) -> Any:
+        walked.append(window)
+        return walk(spans, window, cuts)
+
+    monkeypatch.setattr(bn, "_window_terms", counting)
+    fast = bottleneck(r)
+    assert len(walked) <= 5 < len(windows)  # those before the jump, its first copy, the last
+    walked.clear()
+    full = find_bottleneck(list(r.recorder.spans), windows)
+    assert len(walked) == len(windows)
+    _assert_same(fast, full)
+
+
+def test_windows_that_overlap_are_each_cut_by_the_others() -> None:
+    """The windows are walked one by one; a window boundary inside another still cuts it."""
+    spans = iteration(0.0, 0) + iteration(10.0, 1)
+    b = find_bottleneck(spans, [(0.0, 10.0), (5.0, 15.0), (10.0, 20.0)])
+    assert b.iteration_s == 10.0
+    assert b.gpu_busy_s + sum(b.waits_s.values()) + b.unattributed_s == pytest.approx(b.iteration_s)
