@@ -18,13 +18,15 @@ from offsim.cache_stats import cache_stats
 from offsim.config.run import RunConfig
 from offsim.engine.execute import Executor, Machine
 from offsim.errors import InfeasibleError
+from offsim.fit_check import footprint_of, raise_if_over
 from offsim.metrics import RunMetrics, steady_iterations, summarize
-from offsim.plan.footprint import StateSizes, capacities, check_fit, footprint, state_sizes
+from offsim.plan.footprint import StateSizes, capacities, state_sizes
 from offsim.plan.paths import resource_capacities
 from offsim.plan.policy_plan import activation_policy, custom_activations
 from offsim.results import RunResult
+from offsim.systems._compile import System, compile_system
 from offsim.systems._policies import run_policies
-from offsim.systems._registry import compile_strategy
+from offsim.systems._registry import compose
 from offsim.trace import Recorder
 
 
@@ -37,14 +39,14 @@ def machine(cfg: RunConfig, sz: StateSizes) -> Machine:
 
 
 def run_schedule(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, int], None] | None = None,
-                 steady_shortcut: bool = True) -> tuple[Recorder, dict[str, float], int]:
-    """Compile ``cfg`` into a schedule and execute it; returns the recorder, the peak bytes per
-    reported tier and the SimPy events processed.
+                 steady_shortcut: bool = True, system: System | None = None) -> tuple[Recorder, dict[str, float], int]:
+    """Compile ``cfg`` (its composition ``system``, if already made) into a schedule and execute
+    it; returns the recorder, the peak bytes per reported tier and the SimPy events processed.
 
     ``steady_shortcut``: skip the repetitions of an iteration or a micro-batch once the run is
     in a steady state (:mod:`offsim.engine.steady`; the same metrics); False simulates every one.
     """
-    schedule = compile_strategy(cfg, sz)
+    schedule = compile_system(compose(cfg, sz) if system is None else system)
     rec = Recorder()
     policies = run_policies(cfg, sz, schedule, rec)
     executor = Executor(schedule, machine(cfg, sz), policies.caches, rec, on_iteration, policies.choices)
@@ -78,11 +80,12 @@ def simulate_resolved(cfg: RunConfig, on_iteration: Callable[[int, int], None] |
     ``on_iteration(done, total)`` reports progress as iterations finish."""
     t0 = time.perf_counter()
     sz = state_sizes(cfg)
-    fp = footprint(cfg, sz)
+    system = compose(cfg, sz)
+    fp = footprint_of(system, cfg, sz)
     fp_dict = {"need": fp.need_bytes, "capacity": fp.capacity_bytes}
     try:
-        check_fit(cfg, sz)
-        rec, peaks, events = run_schedule(cfg, sz, on_iteration)
+        raise_if_over(fp)
+        rec, peaks, events = run_schedule(cfg, sz, on_iteration, system=system)
     except InfeasibleError as exc:
         metrics = RunMetrics(feasible=False, infeasible_reason=str(exc), infeasible_tier=exc.tier)
         return RunResult(cfg, metrics, footprint_bytes=fp_dict, wall_time_s=time.perf_counter() - t0)

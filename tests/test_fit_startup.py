@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 from offsim import load_profile, load_workload, make_run_config
 from offsim.api import resolve
 from offsim.cli import app
-from offsim.plan.footprint import footprint, round_pinned, state_sizes
+from offsim.fit_check import footprint
+from offsim.plan.footprint import round_pinned, state_sizes
 from offsim.plan.startup import BUILDING, LOADING, startup_peak
 
 runner = CliRunner()

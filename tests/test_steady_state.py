@@ -23,8 +23,9 @@ from offsim.cache_stats import cache_stats
 from offsim.config.run import RunConfig
 from offsim.engine.steady import TIME_TOLERANCE
 from offsim.errors import InfeasibleError
+from offsim.fit_check import check_fit
 from offsim.metrics import steady_iterations, summarize
-from offsim.plan.footprint import check_fit, state_sizes
+from offsim.plan.footprint import state_sizes
 from offsim.simulation import run_schedule
 from offsim.trace import SPAN_COLUMNS as SPAN_FIELDS
 from offsim.trace import Recorder

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from offsim.api import simulate
-from offsim.plan.footprint import footprint
+from offsim.fit_check import footprint
 from offsim.sweep.overrides import OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier, time_lower_bound
 from offsim.sweep.spec import make_plan

@@ -93,7 +93,7 @@ def _tba_pair(hidden: int, layers: int) -> tuple[RunMetrics, RunMetrics, float, 
     """Keep-all and TBA on the TBA testbed, with each run's peak activation memory: the GPU peak
     less weights, gradients, optimizer state and the reserved bytes (how TBA measures it:
     max_memory_allocated minus model state, K-Wu/Megatron-DeepSpeed megatron/training.py)."""
-    from offsim.plan.footprint import footprint
+    from offsim.fit_check import footprint
 
     out = []
     for strategy in ("gpu-only", "tba-ssdtrain"):

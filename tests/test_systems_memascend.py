@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 
 from offsim import load_strategy, load_workload, make_run_config, simulate
+from offsim.fit_check import footprint
 from offsim.metrics import RunMetrics
 from offsim.plan.footprint import (
     deepspeed_sub_groups,
-    footprint,
     overflow_check_bytes,
     param_partitions,
     param_pool_bytes,

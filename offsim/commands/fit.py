@@ -1,7 +1,7 @@
 """``offsim fit``: will this model train on this machine, with which strategy, and how fast.
 
 For each strategy (every shipped one, or those given with ``-s``), the planner's peak of each
-memory tier (:func:`offsim.plan.footprint.footprint`: per GPU; pinned host, host and NVMe per
+memory tier (:func:`offsim.fit_check.footprint`: per GPU; pinned host, host and NVMe per
 node; start-up transients of pinning included) and the host's start-up peak while the model is
 loaded and the optimizer built (:func:`offsim.plan.startup.startup_peak`) are checked against
 the profile's capacity. Those that fit are simulated (:func:`offsim.simulate`, the same
@@ -173,7 +173,8 @@ def assess(hw: Any, wl: Any, strategy: str, iterations: int, warmup: int) -> Ass
     from offsim import make_run_config
     from offsim.api import resolve
     from offsim.errors import OffsimError
-    from offsim.plan.footprint import footprint, state_sizes
+    from offsim.fit_check import footprint
+    from offsim.plan.footprint import state_sizes
     from offsim.plan.startup import startup_peak
 
     row: dict[str, Any] = {"strategy": strategy, "notes": [], "status": "cannot-run", "fits": False,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE, activation
 from offsim.mechanisms.param_fetch import STAGING
 from offsim.schedule.ops import (
@@ -89,6 +89,22 @@ class Activations:
         cache = CacheSpec(CacheId.GPU_ACTIVATIONS, Tier.GPU, None, {u: a.kept_bytes for u, a in moved.items()},
                           {u: self._fetch_program(u) for u in moved}, {})
         return Setup(streams=streams, caches=(cache,) if moved else ())
+
+    def footprint(self) -> tuple[Need, ...]:
+        """On the GPU: what stays for backward, the offloaded layers in flight (the throttle lets
+        ``depth + 2`` occupy it), and the largest forward transient or backward working set;
+        each offloaded layer's kept bytes in its tier (one micro-batch's at a time)."""
+        moved = [a for a in self.layers if a.offloaded]
+        needs = [Need(Tier.GPU, "activations kept for backward", sum(a.kept_bytes for a in self.layers
+                                                                     if not a.offloaded))]
+        if moved:
+            in_flight = min(self.depth + 2, len(moved))
+            needs.append(Need(Tier.GPU, "activations in flight", in_flight * max(a.kept_bytes for a in moved)))
+        work = max((max(a.work_bytes, a.transient_bytes) for a in self.layers), default=0)
+        needs.append(Need(Tier.GPU, "backward working memory (recompute, activation gradients)", work))
+        for tier in (Tier.HOST_PINNED, Tier.HOST_PAGEABLE, Tier.NVME):
+            needs.append(Need(tier, "offloaded activations", sum(a.kept_bytes for a in moved if a.tier is tier)))
+        return tuple(needs)
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         if site.what is SiteKind.FORWARD:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from offsim.core.enums import Activity, MechanismId, Phase
+from offsim.core.enums import Activity, MechanismId, Phase, Tier
 from offsim.schedule.ops import (
     Block,
     Body,
@@ -128,6 +128,36 @@ def tag(activity: Activity, mechanism: MechanismId, phase: Phase, layer: int = -
     return Tag(activity, mechanism, phase, layer, group, label)
 
 
+class Moment(StrEnum):
+    """When a transient need is held; transients of different moments never coexist."""
+
+    START_UP = "start-up"              # the set-up before the first iteration
+    STEP_START = "step start"          # the checks before the sub-group loop (overflow check)
+    FIRST_STEP = "first step"          # the first step's sub-groups (moments created)
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """Memory a mechanism holds at its peak, per rank, from the numbers it emits its ops with.
+
+    Attributes:
+        tier: where.
+        what: a readable label (the fit check's breakdown names it).
+        nbytes: bytes at the peak.
+        moment: None: held through the iteration (added to every other such need); else held only
+            at that moment (the footprint adds the largest moment's transients).
+        unit_bytes: > 0: an elastic need, whole units of this size taken from what the other needs
+            leave free, ``nbytes`` at most (Deep Optimizer States' streamed sub-groups: the run-time
+            split sends only what fits, so it never makes a plan infeasible).
+    """
+
+    tier: Tier
+    what: str
+    nbytes: float
+    moment: Moment | None = None
+    unit_bytes: float = 0.0
+
+
 @dataclass(frozen=True)
 class Setup:
     """What a mechanism owns besides its ops: streams, pools, caches and run-time choices."""
@@ -150,3 +180,41 @@ class Mechanism(Protocol):
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         """Append its ops for ``stage`` of ``site`` to ``b``."""
         ...
+
+    def footprint(self) -> tuple[Need, ...]:
+        """What it holds at its peak, per rank (:class:`Need`), from the numbers its ops carry."""
+        ...
+
+
+#: the footprint's tiers (per rank), and the one each memory tier is counted in
+NEED_TIERS = ("gpu", "host_pinned", "host", "nvme", "pfs")
+_NEED_TIER = {Tier.GPU: "gpu", Tier.HOST_PINNED: "host_pinned", Tier.HOST_PAGEABLE: "host", Tier.NVME: "nvme",
+              Tier.PFS: "pfs"}
+
+
+def sum_needs(needs: Sequence[Need], gpu_capacity_bytes: float) -> dict[str, dict[str, float]]:
+    """Per footprint tier (:data:`NEED_TIERS`), bytes per item at the peak, per rank: every need
+    held through the iteration, plus the transients of the moment that holds the most, plus the
+    elastic needs in whole units of what the GPU has left (``gpu_capacity_bytes``)."""
+    bd: dict[str, dict[str, float]] = {t: {} for t in NEED_TIERS}
+
+    def add(n: Need, nbytes: float) -> None:
+        if nbytes > 0:
+            items = bd[_NEED_TIER[n.tier]]
+            items[n.what] = items.get(n.what, 0.0) + nbytes
+
+    for n in needs:
+        if n.moment is None and n.unit_bytes <= 0:
+            add(n, n.nbytes)
+    by_moment: dict[Moment, list[Need]] = {}
+    for n in needs:
+        if n.moment is not None:
+            by_moment.setdefault(n.moment, []).append(n)
+    if by_moment:
+        for n in max(by_moment.values(), key=lambda ns: sum(n.nbytes for n in ns)):
+            add(n, n.nbytes)
+    for n in needs:
+        if n.unit_bytes > 0:
+            free = gpu_capacity_bytes - sum(bd["gpu"].values())
+            add(n, max(0, min(n.nbytes // n.unit_bytes, free // n.unit_bytes)) * n.unit_bytes)
+    return bd

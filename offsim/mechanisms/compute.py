@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, MechanismId, Phase, TensorKind
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.schedule.ops import CUR_MB, Delay, Flow, TensorRef, Wait
 
 COMPUTE = "gpu"  # the compute stream
@@ -41,6 +41,9 @@ class Compute:
 
     layers: tuple[LayerCost, ...]
     id: MechanismId = MechanismId.COMPUTE
+
+    def footprint(self) -> tuple[Need, ...]:
+        return ()  # no memory of its own
 
     def setup(self) -> Setup:
         return Setup()

@@ -29,7 +29,19 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from offsim.core.enums import Activity, CacheId, ChoiceId, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, io_pools, parallel, tag
+from offsim.mechanisms.base import (
+    BlockBuilder,
+    Moment,
+    Need,
+    Setup,
+    Site,
+    SiteKind,
+    Stage,
+    StorageIO,
+    io_pools,
+    parallel,
+    tag,
+)
 from offsim.mechanisms.compute import COMPUTE
 from offsim.mechanisms.grads import grad_home
 from offsim.plan.optimizer_split import interleave
@@ -162,6 +174,28 @@ class CpuOptimizer:
                         StreamSpec("opt_d2h", StreamKind.COPY, in_order=False))
             choices = (ChoiceSpec(ChoiceId.OPTIMIZER_SPLIT, self.split.default, self.split_program),)
         return Setup(streams=streams, pools=io_pools(self.io_concurrency), caches=caches, choices=choices)
+
+    def footprint(self) -> tuple[Need, ...]:
+        """Pinned buffers of the sub-groups in flight (3 pipelined: reading, updating, writing;
+        else 1), the DRAM cache's budget, and the host transients of a step: the overflow check's
+        temporaries at its start, the moments the first step creates per sub-group in flight.
+        With the GPU split, the streamed sub-groups take what the GPU has free (elastic)."""
+        in_flight = 3 if self.pipeline else 1
+        largest = {f: max((getattr(io, f) for io in self.groups), default=0)
+                   for f in ("swap_buffer_bytes", "grads_buffer_bytes", "first_step_bytes")}
+        needs = [Need(Tier.HOST_PINNED, "optimizer swap buffers", in_flight * largest["swap_buffer_bytes"]),
+                 Need(Tier.HOST_PINNED, "sub-group gradient buffers of the DRAM cache",
+                      in_flight * largest["grads_buffer_bytes"]),
+                 Need(Tier.HOST_PAGEABLE, "transient peak at a step (overflow check)", self.overflow_check_bytes,
+                      Moment.STEP_START),
+                 Need(Tier.HOST_PAGEABLE, "transient peak at the first step (optimizer moments created)",
+                      in_flight * largest["first_step_bytes"], Moment.FIRST_STEP)]
+        if self.dram_cache is not None and self.dram_cache.capacity_bytes is not None:
+            needs.append(Need(self.dram_cache.tier, "DRAM cache of optimizer state", self.dram_cache.capacity_bytes))
+        if self.split is not None and self.split.groups:
+            unit = max(s.buffer_bytes for s in self.split.groups)
+            needs.append(Need(Tier.GPU, "optimizer sub-groups streamed to the GPU", in_flight * unit, unit_bytes=unit))
+        return tuple(needs)
 
     def _t(self, activity: Activity, group: int = -1, label: str = "") -> Tag:
         return tag(activity, self.id, Phase.OPTIMIZER, group=group, label=label)

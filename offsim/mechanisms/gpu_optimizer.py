@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, MechanismId, Phase
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
 from offsim.mechanisms.grads import grad_home
 from offsim.schedule.ops import Delay, Flow, Join
@@ -22,6 +22,9 @@ class GpuOptimizer:
     gather: Flow | None
     n_layers: int
     id: MechanismId = MechanismId.GPU_OPTIMIZER
+
+    def footprint(self) -> tuple[Need, ...]:
+        return ()  # no memory of its own
 
     def setup(self) -> Setup:
         return Setup()

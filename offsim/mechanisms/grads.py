@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, StorageIO, io_pools, parallel, tag
+from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, StorageIO, io_pools, parallel, tag
 from offsim.mechanisms.compute import COMPUTE, grad16
 from offsim.schedule.ops import (
     CUR_MB,
@@ -109,6 +109,20 @@ class Grads:
         if self.host_slots is not None:
             pools.append(PoolSpec(HOST_GRAD_SLOTS, self.host_slots))
         return Setup(streams=streams, pools=(*pools, *io_pools(self.io_concurrency)))
+
+    def footprint(self) -> tuple[Need, ...]:
+        """The two GPU gradient buffers of the offload (:data:`GRAD_SLOTS`), the layer-wise host
+        gradient buffers (:data:`HOST_GRAD_SLOTS`), and the pinned buffer of the one layer-wise
+        update the in-order ``cpu_update`` stream swaps at a time."""
+        off = [g for g in self.layers if g.offloaded]
+        needs = [Need(Tier.GPU, "gradient buffers before offload", 2 * max((g.buffer_bytes for g in off), default=0))]
+        if self.host_slots is not None and off:
+            biggest = max(off, key=lambda g: g.host_buffer_bytes)
+            needs.append(Need(biggest.host_tier, f"grads (optimizer format), {self.host_slots} layer buffers",
+                              self.host_slots * biggest.host_buffer_bytes))
+        swapped = [g.update.state_bytes for g in off if g.update is not None and g.update.swap_in is not None]
+        needs.append(Need(Tier.HOST_PINNED, "optimizer swap buffers", max(swapped, default=0)))
+        return tuple(needs)
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         if site.what is not SiteKind.BACKWARD or stage is not Stage.AFTER:

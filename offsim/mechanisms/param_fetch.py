@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
 from offsim.schedule.ops import (
     Access,
@@ -65,11 +65,18 @@ class ParamFetch:
     Attributes:
         layers: per layer, how its parameters arrive.
         budget_bytes: the buffer's capacity (None: unbounded, the policy alone decides).
+        window_bytes: the most gathered bytes on the GPU at once: the budget when there is one,
+            else the eviction and prefetch policies' estimate
+            (:func:`offsim.plan.policy_plan.param_window_bytes`).
     """
 
     layers: tuple[LayerFetch, ...]
     budget_bytes: int | None
+    window_bytes: int = 0
     id: MechanismId = MechanismId.PARAM_FETCH
+
+    def footprint(self) -> tuple[Need, ...]:
+        return (Need(Tier.GPU, "gathered params window", self.window_bytes),)
 
     def setup(self) -> Setup:
         queues = (("param_nvme", StreamKind.AIO), ("param_h2d", StreamKind.COPY), ("param_gather", StreamKind.COPY))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, MechanismId, Phase, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.base import BlockBuilder, Moment, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.schedule.ops import Alloc, Free, PoolSpec, TensorRef
 
 STAGING = "staging"
@@ -48,3 +48,21 @@ class StaticState:
                 b.add(Alloc(item.tier, item.nbytes, ref), t, "init")
             elif item.nbytes < 0:
                 b.add(Free(item.tier, live[item.what].pop()), t, "init")
+
+    def footprint(self) -> tuple[Need, ...]:
+        """What the items leave allocated, per item; and the set-up's transient: the highest host
+        total (pinned and pageable) on the way, above what is left (DeepSpeed's pageable sources
+        of ``pin_memory()`` copies and scratch, :func:`offsim.plan.footprint.deepspeed_host_init`)."""
+        left: dict[tuple[Tier, str], float] = {}
+        host, peak = 0.0, 0.0
+        for item in self.items:
+            left[(item.tier, item.what)] = left.get((item.tier, item.what), 0.0) + item.nbytes
+            if item.tier in (Tier.HOST_PINNED, Tier.HOST_PAGEABLE):
+                host += item.nbytes
+                peak = max(peak, host)
+        needs = [Need(tier, what, nbytes) for (tier, what), nbytes in left.items() if nbytes > 0]
+        if peak > host:
+            needs.append(Need(Tier.HOST_PAGEABLE, "transient peak at start-up (pin_memory() copies, scratch)",
+                              peak - host, Moment.START_UP))
+        return tuple(needs)
+

@@ -1,7 +1,8 @@
-"""Bytes of each kind of training state per rank, and the per-tier fit check.
+"""Bytes of each kind of training state per rank, the tiers' capacities, and DeepSpeed ZeRO-3's
+host set-up, from which the mechanisms size what they hold.
 
-Pure planning: answers "does it fit at all?" before any SimPy event exists, and raises
-:class:`~offsim.errors.InfeasibleError` naming the tier, the need and the capacity.
+Pure planning. Whether a run fits is the sum of what its mechanisms declare
+(:mod:`offsim.fit_check`); :class:`Footprint` is that sum's shape.
 
 Partitioning follows ZeRO (Rajbhandari et al., SC 2020, arXiv 1910.02054, Sec. 5): stage 1
 partitions optimizer state over the ``dp`` data-parallel ranks, stage 2 also gradients, stage 3
@@ -17,8 +18,6 @@ from dataclasses import dataclass
 
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES, ModelShape
-from offsim.errors import InfeasibleError
-from offsim.plan import policy_plan
 from offsim.plan.model import Layer, build_layers
 
 TIERS = ("gpu", "host_pinned", "host", "nvme", "pfs")
@@ -107,11 +106,6 @@ class Footprint:
         return None
 
 
-def _add(bd: dict[str, dict[str, float]], tier: str, what: str, nbytes: float) -> None:
-    if nbytes > 0:
-        bd[tier][what] = bd[tier].get(what, 0.0) + nbytes
-
-
 def pfs_share(cfg: RunConfig) -> float:
     """Share of the NVMe-homed optimizer state striped onto the parallel file system
     (MLP-Offload): ``strategy.pfs_share`` when the profile has a PFS, else 0."""
@@ -137,86 +131,6 @@ def layerwise_grad_buffers(cfg: RunConfig) -> int | None:
     return st.layerwise_grad_buffers
 
 
-def host_grad_buffer_bytes(sz: StateSizes) -> float:
-    """Bytes of one layer-sized host gradient buffer: the largest layer's local gradients in
-    the optimizer's format."""
-    return max(lay.params for lay in sz.layers) / sz.grad_part * sz.host_grad_bytes_per_param
-
-
-def _static_states(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
-    """Resident model state in its home tier (per rank)."""
-    st = cfg.strategy
-    pl, pin, alloc = st.placement, st.pin_memory, st.host_allocator
-    _add(bd, _home_tier(pl.params, pin), "params (16-bit)", home_param_bytes(cfg, sz))
-    buffers = layerwise_grad_buffers(cfg)
-    if pl.grads == "gpu":
-        _add(bd, "gpu", "grads (16-bit)", sz.grad_bytes / sz.grad_part)
-    elif buffers is not None:
-        g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
-        _add(bd, "host_pinned" if pin else "host", f"grads (optimizer format), {buffers} layer buffers",
-             buffers * round_pinned(host_grad_buffer_bytes(sz), alloc) if pin else buffers * host_grad_buffer_bytes(sz))
-        _add(bd, "gpu", "grads (optimizer format) of the GPU-updated share", g * st.optimizer_gpu_fraction)
-    else:
-        g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param
-        _add(bd, _home_tier(pl.grads, pin), "grads (optimizer format)",
-             _rounded_groups(g * (1.0 - st.optimizer_gpu_fraction), cfg, alloc, pl.grads, pin))
-        _add(bd, "gpu", "grads (optimizer format) of the GPU-updated share", g * st.optimizer_gpu_fraction)
-    o = sz.local_params * sz.optimizer_bytes_per_param
-    on_pfs = pfs_share(cfg)
-    _add(bd, _home_tier(pl.optimizer_states, pin), "optimizer state",
-         _rounded_groups(o * (1.0 - st.optimizer_gpu_fraction) * (1.0 - on_pfs), cfg, alloc, pl.optimizer_states, pin))
-    _add(bd, "pfs", "optimizer state striped to the PFS", o * (1.0 - st.optimizer_gpu_fraction) * on_pfs)
-    _add(bd, "gpu", "optimizer state of the GPU-updated share", o * st.optimizer_gpu_fraction)
-
-
-def _gpu_optimizer_buffers(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
-    """Deep Optimizer States: host sub-groups streamed to the GPU for the update, up to three in
-    flight (read, update, write back), in the GPU memory the rest leaves free (the engine's
-    performance model sends none when not one fits, so this never makes a plan infeasible)."""
-    st = cfg.strategy
-    if st.optimizer_split != "perf-model":
-        return
-    group = min(st.sub_group_params, sz.local_params * (1.0 - st.optimizer_gpu_fraction))
-    per_group = group * (sz.optimizer_bytes_per_param + sz.host_grad_bytes_per_param)
-    in_flight = 3 if st.optimizer_swap_pipeline else 1
-    free = cfg.hardware.gpu.memory_bytes - sum(bd["gpu"].values())
-    fit = max(0, min(in_flight, int(free // per_group))) if per_group > 0 else 0
-    _add(bd, "gpu", "optimizer sub-groups streamed to the GPU", fit * per_group)
-
-
-def _rounded_groups(nbytes: float, cfg: RunConfig, alloc: str, home: str, pinned: bool) -> float:
-    """Host state is allocated per optimizer sub-group; round each when pinned by a caching allocator."""
-    if home != "cpu" or not pinned or alloc != "caching":
-        return nbytes
-    params = cfg.workload.model.total_params / cfg.workload.training.tensor_parallel
-    groups = max(1, math.ceil(params / cfg.strategy.sub_group_params))
-    return groups * round_pinned(nbytes / groups, alloc)
-
-
-#: Share of GPU memory an ``auto`` parameter budget leaves unused, against the footprint's
-#: estimates being a little short of what the engine allocates at some instant.
-AUTO_HEADROOM = 0.02
-
-
-def param_budget_bytes(cfg: RunConfig, sz: StateSizes) -> float:
-    """The GPU parameter buffer's budget: ``gpu_param_buffer_gib``; ``auto`` is the GPU memory
-    the rest of the footprint leaves (less :data:`AUTO_HEADROOM`); none is ``inf``."""
-    b = cfg.strategy.policies.gpu_param_buffer_gib
-    if b is None:
-        return math.inf
-    if b != "auto":
-        return float(b) * 2**30
-    others = footprint(_with_buffer(cfg, 1e-9), sz).need_bytes["gpu"]
-    capacity = cfg.hardware.gpu.memory_bytes
-    return max(0.0, capacity * (1 - AUTO_HEADROOM) - others)
-
-
-def _with_buffer(cfg: RunConfig, gib: float) -> RunConfig:
-    st = cfg.strategy
-    pol = st.policies.model_copy(update={"gpu_param_buffer_gib": gib})
-    return cfg.model_copy(update={"strategy": st.model_copy(update={"policies": pol})})
-
-
 def grad_buffer_bytes(cfg: RunConfig, sz: StateSizes) -> float:
     """GPU bytes one in-flight gradient offload holds: a layer's 16-bit gradients, at most one
     reduce bucket (DeepSpeed ``reduce_bucket_size``, default 5e8 elements)."""
@@ -228,89 +142,6 @@ def params_streamed(cfg: RunConfig) -> bool:
     """True when layers' full parameters are gathered on the GPU only around their use."""
     st = cfg.strategy
     return st.placement.params != "gpu" or (st.zero_stage >= 3 and cfg.workload.training.data_parallel > 1)
-
-
-def _gpu_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
-    st = cfg.strategy
-    layers = sz.layers
-    byte_per_param = sz.param_bytes / sz.params_total
-    biggest = max(layer.params for layer in layers) * byte_per_param
-    if params_streamed(cfg):
-        window = policy_plan.param_window_bytes(cfg, sz, policy_plan.gpu_param_window_layers(cfg, sz) * biggest,
-                                                param_budget_bytes(cfg, sz))
-        _add(bd, "gpu", "gathered params window", window)
-    if policy_plan.custom_activations(cfg):
-        _policy_activations(cfg, sz, bd)
-        if st.placement.grads != "gpu":
-            _add(bd, "gpu", "gradient buffers before offload", 2 * grad_buffer_bytes(cfg, sz))
-        return
-    ckpt = cfg.activation_checkpointing
-    kept = [lay.kept_bytes(ckpt) for lay in layers]
-    if st.placement.activations == "gpu":
-        _add(bd, "gpu", "activations kept for backward", sum(kept))
-    else:
-        _add(bd, "gpu", "activations in flight", (st.prefetch_depth + 2) * max(kept))
-    work = max(lay.backward_work_bytes(ckpt) for lay in layers)
-    _add(bd, "gpu", "backward working memory (recompute, activation gradients)", work)
-    if st.placement.grads != "gpu":
-        _add(bd, "gpu", "gradient buffers before offload", 2 * grad_buffer_bytes(cfg, sz))
-
-
-def _policy_activations(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
-    """Activation memory per tier from the activation policy's per-layer decisions."""
-    decisions = policy_plan.activation_decisions(cfg, sz)
-    kept = {d.layer: sz.layers[d.layer].kept_bytes(d.recompute) for d in decisions}
-    on = {tier: [d.layer for d in decisions if d.tier == tier] for tier in ("gpu", "cpu", "nvme")}
-    _add(bd, "gpu", "activations kept for backward", sum(kept[i] for i in on["gpu"]))
-    moved = on["cpu"] + on["nvme"]
-    if moved:
-        in_flight = min(cfg.strategy.prefetch_depth + 2, len(moved))  # never more than are moved
-        _add(bd, "gpu", "activations in flight", in_flight * max(kept[i] for i in moved))
-    host = "host_pinned" if cfg.strategy.pin_memory else "host"
-    _add(bd, host, "offloaded activations", sum(kept[i] for i in on["cpu"]))
-    _add(bd, "nvme", "offloaded activations", sum(kept[i] for i in on["nvme"]))
-    work = max(sz.layers[d.layer].backward_work_bytes(d.recompute) for d in decisions)
-    _add(bd, "gpu", "backward working memory (recompute, activation gradients)", work)
-
-
-def _host_dynamic(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
-    st = cfg.strategy
-    deepspeed = deepspeed_zero3_offload(cfg)
-    if deepspeed:
-        _deepspeed_host(cfg, sz, bd)
-    elif st.needs_staging_buffers():
-        n = st.pinned_buffer_count
-        _add(bd, "host_pinned", "pinned staging buffers", n * round_pinned(st.pinned_buffer_bytes, st.host_allocator))
-    cache = policy_plan.dram_cache_bytes(cfg, sz)
-    _add(bd, "host_pinned" if st.pin_memory else "host", "DRAM cache of optimizer state", cache)
-    ckpt = cfg.activation_checkpointing
-    kept = sum(lay.kept_bytes(ckpt) for lay in sz.layers)
-    if policy_plan.custom_activations(cfg):
-        pass  # added by _policy_activations
-    elif st.placement.activations == "cpu":
-        _add(bd, "host_pinned" if st.pin_memory else "host", "offloaded activations", kept)
-    elif st.placement.activations == "nvme":
-        _add(bd, "nvme", "offloaded activations", kept)
-    if "nvme" in (st.placement.optimizer_states, st.placement.grads) and not deepspeed:
-        group = min(st.sub_group_params, sz.local_params)
-        per_param = (sz.optimizer_bytes_per_param if st.placement.optimizer_states == "nvme" else 0.0) + (
-            sz.host_grad_bytes_per_param if st.placement.grads == "nvme" else 0.0)
-        in_flight = 3 if st.optimizer_swap_pipeline else 1  # reading, updating, writing
-        _add(bd, "host_pinned", "optimizer swap buffers",
-             in_flight * round_pinned(group * per_param, st.host_allocator))
-    elif deepspeed and cache > 0 and st.placement.grads == "nvme":
-        _cache_grad_buffers(cfg, sz, bd)
-
-
-def _cache_grad_buffers(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
-    """With a DRAM cache over NVMe optimizer state (an offsim policy, not DeepSpeed's), the
-    engine's cache pins each sub-group's gradients read from NVMe while the sub-group is in flight
-    (the ``dram_optimizer`` cache of :mod:`offsim.mechanisms.cpu_optimizer`), beside DeepSpeed's swap pool."""
-    st = cfg.strategy
-    group = min(st.sub_group_params, sz.local_params)
-    in_flight = 3 if st.optimizer_swap_pipeline else 1
-    grads = round_pinned(group * sz.host_grad_bytes_per_param, st.host_allocator)
-    _add(bd, "host_pinned", "sub-group gradient buffers of the DRAM cache", in_flight * grads)
 
 
 # ---------------------------------------------------------------- DeepSpeed ZeRO-3 host buffers
@@ -551,44 +382,6 @@ def home_param_bytes(cfg: RunConfig, sz: StateSizes) -> float:
     return sum(round_pinned(b, st.host_allocator) for b in per_layer)
 
 
-def _deepspeed_host(cfg: RunConfig, sz: StateSizes, bd: dict[str, dict[str, float]]) -> None:
-    """DeepSpeed's persistent host buffers, and one item for the highest transient: the pageable
-    sources of pinned copies and scratch at start-up, or at a step the overflow check's
-    temporaries or the first step's optimizer moments (``3`` sub-groups in flight when pipelined)."""
-    steps = deepspeed_host_init(cfg, sz)
-    kept: dict[tuple[str, str], float] = {}
-    for s in steps:
-        kept[(s.tier, s.what)] = kept.get((s.tier, s.what), 0.0) + s.nbytes
-    for (tier, what), nbytes in kept.items():
-        _add(bd, "host" if tier == "host_pageable" else tier, what, nbytes if nbytes > 1e-6 else 0.0)
-    left, peak = host_steps_peak(steps)
-    groups = deepspeed_sub_groups(param_partitions(cfg, sz), cfg.strategy.sub_group_params)
-    in_flight = 3 if cfg.strategy.optimizer_swap_pipeline else 1
-    step = max(overflow_check_bytes(cfg, sz), in_flight * first_step_state_bytes(cfg, max(groups)))
-    _add(bd, "host", "transient peak (pin_memory() copies, overflow check, first-step moments)",
-         max(peak - sum(left.values()), step))
-
-
-def footprint(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
-    """Estimated peak bytes per tier, an upper bound on what the engine allocates."""
-    sz = sz or state_sizes(cfg)
-    bd: dict[str, dict[str, float]] = {t: {} for t in TIERS}
-    _add(bd, "gpu", "reserved (CUDA context, allocator)", cfg.hardware.gpu.reserved_bytes)
-    _static_states(cfg, sz, bd)
-    _gpu_dynamic(cfg, sz, bd)
-    _gpu_optimizer_buffers(cfg, sz, bd)
-    _host_dynamic(cfg, sz, bd)
-    per_rank = {t: sum(bd[t].values()) for t in TIERS}
-    need = {
-        "gpu": per_rank["gpu"],
-        "host_pinned": per_rank["host_pinned"] * sz.ranks_per_node,
-        "host": (per_rank["host_pinned"] + per_rank["host"]) * sz.ranks_per_node,
-        "nvme": per_rank["nvme"] * sz.ranks_per_node,
-        "pfs": per_rank["pfs"] * sz.ranks_per_node * cfg.hardware.topology.nodes,
-    }
-    return Footprint(need, capacities(cfg), bd)
-
-
 def capacities(cfg: RunConfig) -> dict[str, float]:
     """Capacity per tier: GPU per rank; pinned, host and NVMe per node; the PFS quota for the
     whole job (all nodes)."""
@@ -602,15 +395,3 @@ def capacities(cfg: RunConfig) -> dict[str, float]:
     }
 
 
-def check_fit(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
-    """Raise InfeasibleError if any tier's estimated peak exceeds its capacity."""
-    fp = footprint(cfg, sz)
-    tier = fp.first_overflow()
-    if tier is not None:
-        parts = sorted(fp.breakdown[tier].items(), key=lambda kv: -kv[1])[:3]
-        if tier == "host":
-            parts = sorted({**fp.breakdown["host"], **fp.breakdown["host_pinned"]}.items(), key=lambda kv: -kv[1])[:3]
-        detail = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in parts)
-        scope = "per GPU" if tier == "gpu" else "per node"
-        raise InfeasibleError(tier, fp.need_bytes[tier], fp.capacity_bytes[tier], f"{scope}; largest: {detail}")
-    return fp

@@ -65,7 +65,7 @@ def param_window_bytes(cfg: RunConfig, sz: StateSizes, lookahead_bytes: float, b
 
     ``lookahead_bytes`` is the estimate of the built-in rule (lookahead plus reuse distance);
     it stands for the default policies. A budget (``budget_bytes``, the parameter buffer's,
-    :func:`offsim.plan.footprint.param_budget_bytes`) bounds everything; without one, caching
+    :func:`offsim.systems._parts.fixed_param_budget_bytes`, or ``auto``) bounds everything; without one, caching
     policies may keep every layer, DeepSpeed's bucket rule holds about a bucket plus the layer
     computing, and a window prefetch may take whatever is free.
     """

@@ -4,7 +4,7 @@ Before the first optimizer step, host memory can hold more than during training:
 builds the model without ``deepspeed.zero.Init`` holds a whole copy of it, and every tensor that
 DeepSpeed pins is pinned by copy (``accelerator/cuda_accelerator.py`` ``pin_memory``: a new
 page-locked block is filled from the pageable source, and both are resident until the source is
-dropped). The steady footprint (:func:`offsim.plan.footprint.footprint`) counts what training
+dropped). The steady footprint (:func:`offsim.fit_check.footprint`) counts what training
 holds; this module counts the highest point of start-up, per tier, with the items resident then.
 File and function names below are DeepSpeed's (``deepspeed/runtime/``), read at commit
 ``edaa722126``; the order of the allocations is ``../shared/reference/deepspeed_runtime.md`` §8.

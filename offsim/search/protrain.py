@@ -29,7 +29,7 @@ fixed-size chunks in execution order):
   host (``optimizer_schedule: layerwise``) instead of after backward; both are searched.
 
 The search: every candidate is first checked by the plan's closed-form fit
-(:func:`offsim.plan.footprint.check_fit`; a miss is infeasible with the tier and the bytes) and
+(:func:`offsim.fit_check.check_fit`; a miss is infeasible with the tier and the bytes) and
 given the closed-form lower bound of :func:`offsim.plan.time_bound.time_lower_bound`. Feasible
 candidates are simulated in increasing order of their bound, starting from the base strategy as
 the incumbent; a candidate whose bound is no better than the best simulated time is pruned
@@ -52,7 +52,8 @@ from offsim.config.run import RunConfig, make_run_config
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
 from offsim.errors import InfeasibleError, OffsimError
-from offsim.plan.footprint import check_fit, state_sizes
+from offsim.fit_check import check_fit
+from offsim.plan.footprint import state_sizes
 from offsim.plan.time_bound import time_lower_bound
 from offsim.simulation import simulate_resolved
 from offsim.units import GiB

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from offsim.config.run import RunConfig
-from offsim.plan.footprint import StateSizes, footprint, state_sizes
+from offsim.fit_check import footprint
+from offsim.plan.footprint import StateSizes, state_sizes
 from offsim.plan.time_bound import time_lower_bound
 from offsim.policies.auto_swap import AutoSwapConfig, ChosenSwap
 from offsim.policies.per_block import PerBlockConfig

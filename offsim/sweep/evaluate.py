@@ -25,7 +25,8 @@ from pydantic import BaseModel
 
 from offsim.api import resolve
 from offsim.errors import OffsimError
-from offsim.plan.footprint import footprint, state_sizes
+from offsim.fit_check import footprint
+from offsim.plan.footprint import state_sizes
 from offsim.plan.time_bound import time_lower_bound
 from offsim.simulation import simulate_resolved
 from offsim.sweep.cost import cost_columns, usd_per_hour

@@ -2,7 +2,7 @@
 
 Before a point is simulated, three cheap checks can settle it:
 
-1. **Memory fit.** :func:`offsim.plan.footprint.check_fit`, the same check :func:`offsim.simulate`
+1. **Memory fit.** :func:`offsim.fit_check.check_fit`, the same check :func:`offsim.simulate`
    makes first, so a point marked infeasible here is infeasible in the simulator, with the same
    reason.
 2. **A lower bound on the steady iteration time**: :func:`offsim.plan.time_bound.time_lower_bound`

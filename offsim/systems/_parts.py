@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
 from offsim.core.enums import CacheId, TensorKind, Tier, home_tier
 from offsim.mechanisms.activations import Activations, LayerActivations
-from offsim.mechanisms.base import SiteKind, Stage, StorageIO
+from offsim.mechanisms.base import SiteKind, Stage, StorageIO, sum_needs
 from offsim.mechanisms.compute import Compute, LayerCost
 from offsim.mechanisms.cpu_optimizer import (
     CpuOptimizer,
@@ -43,6 +43,8 @@ from offsim.plan.policy_plan import (
     build_context,
     custom_activations,
     dram_cache_bytes,
+    gpu_param_window_layers,
+    param_window_bytes,
 )
 from offsim.schedule.ops import CacheSpec, Flow
 from offsim.systems._compile import System
@@ -212,8 +214,37 @@ def param_fetch(c: Ctx) -> ParamFetch | None:
             if home in ("nvme", "cpu") else None
         gather = c.collective(full, 1.0) if c.sz.param_part > 1 else None
         out.append(LayerFetch(whole(full), nvme, h2d, gather, min(whole(part), staging_cap)))
-    budget = fp.param_budget_bytes(c.cfg, c.sz)
-    return ParamFetch(tuple(out), None if math.isinf(budget) else whole(budget))
+    return within_budget(c, ParamFetch(tuple(out), None), fixed_param_budget_bytes(c.cfg))
+
+
+#: Share of GPU memory an ``auto`` parameter budget leaves unused, against the other mechanisms'
+#: declared needs being a little short of what the engine allocates at some instant.
+AUTO_HEADROOM = 0.02
+
+
+def fixed_param_budget_bytes(cfg: RunConfig) -> float:
+    """The GPU parameter buffer's budget as the strategy sets it: ``gpu_param_buffer_gib`` in
+    bytes; ``inf`` without one, and for ``auto`` until :func:`standard` knows what the other
+    mechanisms need."""
+    b = cfg.strategy.policies.gpu_param_buffer_gib
+    return math.inf if b is None or b == "auto" else float(b) * 2**30
+
+
+def within_budget(c: Ctx, fetch: ParamFetch, budget_bytes: float) -> ParamFetch:
+    """``fetch`` with the budget ``budget_bytes`` (``inf``: none) and the window it allows."""
+    biggest = max(lay.params for lay in c.layers) * c.bpp_param
+    lookahead = gpu_param_window_layers(c.cfg, c.sz) * biggest
+    window = param_window_bytes(c.cfg, c.sz, lookahead, budget_bytes)
+    return replace(fetch, budget_bytes=None if math.isinf(budget_bytes) else whole(budget_bytes),
+                   window_bytes=whole(window))
+
+
+def auto_param_budget_bytes(c: Ctx, others: list[object]) -> float:
+    """An ``auto`` budget: the GPU memory the other mechanisms' needs leave, less
+    :data:`AUTO_HEADROOM` (their elastic needs take what the budget leaves in turn)."""
+    needs = [n for m in others for n in m.footprint() if n.unit_bytes <= 0]  # type: ignore[attr-defined]
+    capacity = c.cfg.hardware.gpu.memory_bytes
+    return max(0.0, capacity * (1 - AUTO_HEADROOM) - sum(sum_needs(needs, capacity)["gpu"].values()))
 
 
 def activations(c: Ctx) -> Activations:
@@ -405,20 +436,23 @@ def static_state(c: Ctx) -> StaticState:
     """The engine's ``_allocate_static`` as data."""
     cfg, sz, st = c.cfg, c.sz, c.st
     pl, pinned = st.placement, st.pin_memory
-    items = [StaticItem(Tier.GPU, whole(cfg.hardware.gpu.reserved_bytes), "reserved", TensorKind.RESERVED),
-             StaticItem(home_tier(pl.params, pinned), whole(fp.home_param_bytes(cfg, sz)), "params",
+    items = [StaticItem(Tier.GPU, whole(cfg.hardware.gpu.reserved_bytes), "reserved (CUDA context, allocator)",
+                        TensorKind.RESERVED),
+             StaticItem(home_tier(pl.params, pinned), whole(fp.home_param_bytes(cfg, sz)), "params (16-bit)",
                         TensorKind.PARAM16)]
     share = 1.0 - st.optimizer_gpu_fraction
     if pl.grads == "gpu":
-        items.append(StaticItem(Tier.GPU, whole(sz.grad_bytes / sz.grad_part), "grads", TensorKind.GRAD_OPT))
+        items.append(StaticItem(Tier.GPU, whole(sz.grad_bytes / sz.grad_part), "grads (16-bit)", TensorKind.GRAD_OPT))
     elif fp.layerwise_grad_buffers(cfg) is None:
         g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param * share
-        items.append(StaticItem(home_tier(pl.grads, pinned), whole(_pinned_groups(c, g, pl.grads)), "grads",
-                                TensorKind.GRAD_OPT))
+        items.append(StaticItem(home_tier(pl.grads, pinned), whole(_pinned_groups(c, g, pl.grads)),
+                                "grads (optimizer format)", TensorKind.GRAD_OPT))
     o = sz.local_params * sz.optimizer_bytes_per_param * share
-    resident = st.optimizer_gpu_fraction * (sz.local_params * sz.optimizer_bytes_per_param
-                                            + sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param)
-    items.append(StaticItem(Tier.GPU, whole(resident), "optimizer state, fp32 grads on the GPU", TensorKind.OPT_STATE))
+    f = st.optimizer_gpu_fraction
+    items.append(StaticItem(Tier.GPU, whole(f * sz.local_params * sz.optimizer_bytes_per_param),
+                            "optimizer state of the GPU-updated share", TensorKind.OPT_STATE))
+    items.append(StaticItem(Tier.GPU, whole(f * sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param),
+                            "grads (optimizer format) of the GPU-updated share", TensorKind.GRAD_OPT))
     on_pfs = fp.pfs_share(cfg)
     items.append(StaticItem(home_tier(pl.optimizer_states, pinned),
                             whole(_pinned_groups(c, o * (1.0 - on_pfs), pl.optimizer_states)), "optimizer state",
@@ -464,6 +498,9 @@ def standard(c: Ctx, split: GpuSplit | None = None, notes: tuple[str, ...] = ())
     mechs: dict[str, object] = {"static": static_state(c), "compute": compute(c), "activations": activations(c),
                                 "grads": grads(c), "optimizer": opt,
                                 "params": _Nothing() if fetch is None else fetch}
+    if fetch is not None and c.st.policies.gpu_param_buffer_gib == "auto":
+        others = [m for name, m in mechs.items() if name != "params"]
+        mechs["params"] = within_budget(c, fetch, auto_param_budget_bytes(c, others))
     period = _step_period(opt.orders) if isinstance(opt, CpuOptimizer) else 1
     sites = {SiteKind.INIT: (("static", Stage.RUN),), SiteKind.FORWARD: FORWARD_ORDER,
              SiteKind.BACKWARD: BACKWARD_ORDER, SiteKind.ITERATION_END: (("params", Stage.DONE),),
@@ -488,3 +525,6 @@ class _Nothing:
 
     def emit(self, b, site, stage) -> None:
         return None
+
+    def footprint(self) -> tuple:
+        return ()

@@ -23,7 +23,7 @@ from offsim.config.run import RunConfig
 from offsim.core.enums import CacheId, ChoiceId
 from offsim.engine.hooks import CachePolicy, ChoicePolicy
 from offsim.errors import InfeasibleError
-from offsim.plan.footprint import StateSizes, param_budget_bytes, params_streamed
+from offsim.plan.footprint import StateSizes, params_streamed
 from offsim.plan.policy_plan import build_context, dram_cache_bytes
 from offsim.schedule.ops import Schedule
 from offsim.systems._registry import choice_policies
@@ -46,8 +46,10 @@ def run_policies(cfg: RunConfig, sz: StateSizes, schedule: Schedule, rec: Record
     bpp_param = sz.param_bytes / sz.params_total
     ctx = build_context(cfg, len(sz.layers), bpp_param)
     caches = {CacheId.GPU_PARAMS: CachePolicy(pol.eviction.build(ctx), pol.prefetch.build(ctx), bpp_param)}
-    if params_streamed(cfg):
-        _describe_param_buffer(cfg, sz, rec, caches[CacheId.GPU_PARAMS].eviction.name)
+    params = schedule.cache(CacheId.GPU_PARAMS)
+    if params_streamed(cfg) and params is not None:
+        budget = math.inf if params.capacity_bytes is None else float(params.capacity_bytes)
+        _describe_param_buffer(cfg, sz, rec, caches[CacheId.GPU_PARAMS].eviction.name, budget)
     dram = schedule.cache(CacheId.DRAM_OPTIMIZER)
     if dram is not None:
         dram_ctx = build_context(cfg, len(dram.unit_bytes), sz.optimizer_bytes_per_param)
@@ -66,9 +68,8 @@ def _optimizer_on_nvme(cfg: RunConfig) -> bool:
             and st.optimizer_schedule == "after-backward")
 
 
-def _describe_param_buffer(cfg: RunConfig, sz: StateSizes, rec: Recorder, policy: str) -> None:
-    """Check the GPU parameter buffer holds the largest layer, and describe it."""
-    budget = param_budget_bytes(cfg, sz)
+def _describe_param_buffer(cfg: RunConfig, sz: StateSizes, rec: Recorder, policy: str, budget: float) -> None:
+    """Check the GPU parameter buffer (``budget`` bytes) holds the largest layer, and describe it."""
     bpp_param = sz.param_bytes / sz.params_total
     biggest = max(lay.params * bpp_param for lay in sz.layers)
     if biggest > budget * (1 + 1e-9):

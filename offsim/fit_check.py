@@ -1,0 +1,59 @@
+"""Does a run fit: the sum of what its system's mechanisms declare they hold.
+
+Each mechanism declares its needs (:meth:`offsim.mechanisms.base.Mechanism.footprint`) from the
+same numbers it emits its ops with, so the fit verdict, the sweep's pre-filter and the engine
+cannot disagree about what a mechanism holds. The needs are per rank; host memory, NVMe and the
+parallel file system are shared by the ranks of a node (the PFS by every node).
+"""
+
+from __future__ import annotations
+
+from offsim.config.run import RunConfig
+from offsim.errors import InfeasibleError
+from offsim.mechanisms.base import NEED_TIERS, sum_needs
+from offsim.plan.footprint import Footprint, StateSizes, capacities, state_sizes
+from offsim.systems._compile import System
+from offsim.systems._registry import compose
+
+
+def footprint_of(system: System, cfg: RunConfig, sz: StateSizes) -> Footprint:
+    """The peak bytes per tier of ``system`` (``cfg``'s composition): GPU per rank; pinned, all
+    host memory (pinned included) and NVMe per node; the PFS for the job."""
+    needs = [n for m in system.mechanisms.values() for n in m.footprint()]
+    bd = sum_needs(needs, cfg.hardware.gpu.memory_bytes)
+    per_rank = {t: sum(bd[t].values()) for t in NEED_TIERS}
+    ranks = sz.ranks_per_node
+    need = {
+        "gpu": per_rank["gpu"],
+        "host_pinned": per_rank["host_pinned"] * ranks,
+        "host": (per_rank["host_pinned"] + per_rank["host"]) * ranks,
+        "nvme": per_rank["nvme"] * ranks,
+        "pfs": per_rank["pfs"] * ranks * cfg.hardware.topology.nodes,
+    }
+    return Footprint(need, capacities(cfg), bd)
+
+
+def footprint(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
+    """The peak bytes per tier of ``cfg`` (:func:`footprint_of` its composition)."""
+    sz = sz or state_sizes(cfg)
+    return footprint_of(compose(cfg, sz), cfg, sz)
+
+
+def raise_if_over(fp: Footprint) -> Footprint:
+    """Raise :class:`~offsim.errors.InfeasibleError` naming the first tier over its capacity and
+    its three largest items; else return ``fp``."""
+    tier = fp.first_overflow()
+    if tier is None:
+        return fp
+    items = fp.breakdown[tier]
+    if tier == "host":
+        items = {**fp.breakdown["host"], **fp.breakdown["host_pinned"]}
+    parts = sorted(items.items(), key=lambda kv: -kv[1])[:3]
+    detail = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in parts)
+    scope = "per GPU" if tier == "gpu" else "per node"
+    raise InfeasibleError(tier, fp.need_bytes[tier], fp.capacity_bytes[tier], f"{scope}; largest: {detail}")
+
+
+def check_fit(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
+    """Raise InfeasibleError if any tier's peak exceeds its capacity; else the footprint."""
+    return raise_if_over(footprint(cfg, sz))
