@@ -31,8 +31,8 @@ base:
   iterations: 2
   warmup_iterations: 1
 grid:
-  dram_gib: [{", ".join(str(256 + 8 * i) for i in range(POINTS))}]
-"""
+  cpu_cores: [{", ".join(str(8 + i) for i in range(POINTS))}]
+"""  # CPU cores: every point's run differs (a sweep reuses the run of points whose runs are equal)
 
 
 @pytest.fixture

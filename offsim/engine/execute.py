@@ -25,6 +25,7 @@ from heapq import heappop
 import simpy
 
 from offsim.core.enums import Activity, CacheId, ChoiceId, Phase
+from offsim.engine import reuse
 from offsim.engine.cursor import Cursor
 from offsim.engine.flows import Flow as NetFlow
 from offsim.engine.flows import FlowNetwork
@@ -139,7 +140,8 @@ class Executor:
     def __init__(self, schedule: Schedule, machine: Machine, policies: dict[CacheId, CachePolicy],
                  recorder: Recorder, on_iteration: Callable[[int, int], None] | None = None,
                  choices: dict[ChoiceId, ChoicePolicy] | None = None) -> None:
-        self.schedule, self.rec, self.on_iteration = schedule, recorder, on_iteration
+        self.schedule, self.machine, self.rec, self.on_iteration = schedule, machine, recorder, on_iteration
+        self.cache_policies = policies
         self.choice_policies = choices or {}
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, machine.capacity, duplex_rule(machine.duplex_efficiency), self._flow_done)
@@ -186,7 +188,13 @@ class Executor:
         """Run to the end; returns the events processed (those of skipped repetitions included).
 
         ``steady_shortcut``: skip the repetitions of a period that left the run in the state it
-        found it (:mod:`offsim.engine.steady`); False simulates every one."""
+        found it (:mod:`offsim.engine.steady`); False simulates every one. Where runs are reused
+        (:mod:`offsim.engine.reuse`) and an earlier run had the same inputs, its records are
+        handed out instead."""
+        memo = reuse.active()
+        key = memo.key(self, steady_shortcut) if memo is not None else None
+        if memo is not None and key is not None and memo.restore(key, self):
+            return self.events
         self._walk_accesses()
         steady = self.steady = SteadyState(self) if steady_shortcut else None
         if steady is not None:
@@ -194,6 +202,8 @@ class Executor:
         self._advance()
         self._loop(steady)
         self._close()
+        if memo is not None and key is not None:
+            memo.store(key, self)
         return self.events
 
     def _loop(self, steady: SteadyState | None) -> None:

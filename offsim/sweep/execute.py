@@ -36,6 +36,7 @@ from typing import Any
 
 import pandas as pd
 
+from offsim.engine import reuse
 from offsim.errors import ConfigError
 from offsim.sweep.evaluate import Payload, point_usd_per_hour, run_chunk
 from offsim.sweep.prefilter import Frontier
@@ -102,6 +103,7 @@ def _init_worker(payload: Payload, parent_pid: int) -> None:
     """
     global _WORKER_PAYLOAD  # the pool's way to share one payload per process
     _WORKER_PAYLOAD = payload
+    reuse.enable()  # points whose runs have the same inputs share one run (offsim.engine.reuse)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
 
     def watch() -> None:
@@ -118,6 +120,16 @@ def _init_worker(payload: Payload, parent_pid: int) -> None:
 def _run_chunk_in_pool(items: Items, frontier: Frontier | None) -> list[dict[str, Any]]:
     assert _WORKER_PAYLOAD is not None
     return run_chunk(_WORKER_PAYLOAD, items, frontier)
+
+
+#: the runs a Dask worker's chunks reuse (a worker may be a thread of a process that runs other work)
+_DASK_MEMO = reuse.RunMemo()
+
+
+def _run_chunk_reusing(payload: Payload, items: Items, frontier: Frontier | None) -> list[dict[str, Any]]:
+    """:func:`run_chunk` on a Dask worker, reusing the runs of the worker's earlier points."""
+    with reuse.reusing(_DASK_MEMO):
+        return run_chunk(payload, items, frontier)
 
 
 class Backend(abc.ABC):
@@ -138,10 +150,13 @@ class InlineBackend(Backend):
 
     def __init__(self, payload: Payload) -> None:
         self.payload = payload
+        self.memo = reuse.RunMemo()  # the runs of this sweep's points, kept between chunks
 
     def run(self, chunks: list[Items], frontier: Frontier | None) -> Iterator[tuple[Items, Any]]:
         for items in chunks:
-            yield items, run_chunk(self.payload, items, frontier)
+            with reuse.reusing(self.memo):
+                rows = run_chunk(self.payload, items, frontier)
+            yield items, rows
 
 
 class PoolBackend(Backend):
@@ -200,7 +215,7 @@ class DaskBackend(Backend):
 
         futures = {
             self.client.submit(
-                run_chunk, self.payload, items, frontier, pure=False, retries=DASK_RETRIES
+                _run_chunk_reusing, self.payload, items, frontier, pure=False, retries=DASK_RETRIES
             ): items
             for items in chunks
         }

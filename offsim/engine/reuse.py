@@ -1,0 +1,215 @@
+"""Runs an earlier run answers: the executor's inputs compared, the records handed out again.
+
+The executor is a pure function of what it is given: the schedule, the machine, the caches'
+policies and what :func:`~offsim.systems._policies.run_policies` wrote in the recorder before the
+run. A sweep's points often differ only in what the run never reads (the DRAM size of a strategy
+that holds nothing in DRAM beyond what fits, the NVMe drives of one that never touches NVMe): the
+configurations differ, but the schedules, machines and policies they compile to are equal, and so
+are their runs. Inside :func:`reusing` (or after :func:`enable`, as a sweep's workers do), an
+:class:`~offsim.engine.execute.Executor` looks its inputs up in a :class:`RunMemo` and, when an
+earlier run had the same, hands out that run's records, peaks and event count instead of running
+(issue 16): the metrics computed from them are the ones a run gives, to the last bit.
+
+What is compared, exactly (``==``): the schedule's body, streams, pools, caches and unit names;
+the machine's resource capacities, duplex efficiency, copy engines, ranks and nodes, and the GPU's
+memory (the prefetch policies read how much of it is free); the policies' types and attributes;
+the recorder's cache descriptions; the shortcut switch. The host, NVMe and PFS capacities are not
+compared: they only decide whether a level overflows, so a run is handed out only to a machine its
+peaks fit, and is simulated (to fail the same way as ever) otherwise. A schedule with run-time
+choices, a policy of an unknown kind, a progress callback or a recorder with records in it is
+never reused. Only runs that finished are kept, those used last, within a budget of records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from offsim.trace import CacheEvent, LevelSample, RecordLog, Span
+
+if TYPE_CHECKING:
+    from offsim.engine.execute import Executor
+
+#: the reported tiers whose capacity a run only checks levels against (the GPU's is an input)
+CHECKED_TIERS = ("host_pinned", "host", "nvme", "pfs")
+#: what a memo keeps unless told otherwise, in records held and template ops (about 250 bytes
+#: each: some 100 MB; a 7B run of three iterations is some 3,000 records and 2,000 ops)
+DEFAULT_BUDGET = 400_000
+
+#: the memo of the block of :func:`reusing` the caller is in (per thread: contexts do not leak)
+_ACTIVE: ContextVar[RunMemo | None] = ContextVar("offsim_run_memo", default=None)
+#: the memo of a process given over to a sweep (:func:`enable`), where no block says otherwise
+_PROCESS: RunMemo | None = None
+
+
+class _OpaqueError(Exception):
+    """An input the memo cannot compare by value: the run is not reused."""
+
+
+class _Key:
+    """The inputs of a run, with their hash worked out once (the schedule is large)."""
+
+    __slots__ = ("hash", "parts")
+
+    def __init__(self, parts: tuple[Any, ...]) -> None:
+        self.parts = parts
+        self.hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self.hash == other.hash and self.parts == other.parts
+
+
+@dataclass
+class _Done:
+    """What a finished run leaves for its caller: the records, peaks and events."""
+
+    spans: RecordLog[Span]
+    cache_events: RecordLog[CacheEvent]
+    level_log: RecordLog[LevelSample]
+    iteration_starts_s: list[float]
+    phases: list[tuple[int, str, float, float]]
+    end_s: float
+    cache_info: dict[str, dict[str, Any]]
+    peaks: dict[str, float]
+    events: int
+    iterations: int
+    weight: int  # records held and template ops: what keeping it costs
+    key: _Key  # the key it is kept under (found again by identity, not compared anew)
+
+
+class RunMemo:
+    """The runs last used, by their inputs, as many as ``budget`` records and template ops hold;
+    ``hits`` and ``misses`` count the look-ups."""
+
+    def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
+        self.budget = budget
+        self.runs: OrderedDict[_Key, _Done] = OrderedDict()
+        self.held = 0
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.Lock()  # a Dask worker may run chunks in several threads
+
+    def key(self, ex: Executor, steady_shortcut: bool) -> _Key | None:
+        """The inputs of ``ex``'s run, or None where they cannot be compared."""
+        s, m, rec = ex.schedule, ex.machine, ex.rec
+        if s.choices or ex.choice_policies or ex.on_iteration is not None:
+            return None
+        if rec.spans or rec.cache_events or rec.level_log or rec.iteration_starts_s or rec.phases:
+            return None
+        try:
+            parts = (steady_shortcut, s.body, s.streams, s.pools, s.unit_names,
+                     tuple(_value(c) for c in s.caches),
+                     tuple(m.capacity.items()), m.duplex_efficiency, m.copy_engines, m.ranks_per_node, m.nodes,
+                     tuple((t, c) for t, c in m.memory_bytes.items() if t not in CHECKED_TIERS),
+                     _value(ex.cache_policies), _value(rec.cache_info))
+            return _Key(parts)
+        except (_OpaqueError, TypeError):  # TypeError: something unhashable in the schedule
+            return None
+
+    def restore(self, key: _Key, ex: Executor) -> bool:
+        """Give ``ex`` the records of the run with inputs ``key`` if one is kept and its peaks
+        fit ``ex``'s machine; False (and nothing changed) otherwise."""
+        capacity = ex.machine.memory_bytes
+        with self._lock:
+            done = self.runs.get(key)
+            if done is None or any(done.peaks.get(t, 0.0) > capacity[t] * (1 + 1e-9)
+                                   for t in CHECKED_TIERS if t in capacity):
+                self.misses += 1
+                return False
+            self.hits += 1
+            self.runs.move_to_end(done.key)
+        rec = ex.rec
+        rec.spans, rec.cache_events, rec.level_log = done.spans, done.cache_events, done.level_log
+        rec.iteration_starts_s[:] = done.iteration_starts_s
+        rec.phases[:] = done.phases
+        rec.end_s = done.end_s
+        for cache, info in done.cache_info.items():
+            rec.cache_info[cache] = dict(info)
+        ex.memory.peak_bytes = dict(done.peaks)
+        ex.events, ex.end_s, ex.iterations = done.events, done.end_s, done.iterations
+        return True
+
+    def store(self, key: _Key, ex: Executor) -> None:
+        """Keep the finished run of ``ex`` under ``key`` (forgetting those used longest ago
+        beyond the budget)."""
+        rec = ex.rec
+        weight = (len(rec.spans.items) + len(rec.cache_events.items) + len(rec.level_log.items)
+                  + sum(len(b.ops) for b in ex.schedule.blocks()))
+        done = _Done(rec.spans, rec.cache_events, rec.level_log, list(rec.iteration_starts_s), list(rec.phases),
+                     rec.end_s, {c: dict(i) for c, i in rec.cache_info.items()}, dict(ex.memory.peak_bytes),
+                     ex.events, ex.iterations, weight, key)
+        with self._lock:
+            old = self.runs.pop(key, None)
+            if old is not None:
+                self.held -= old.weight
+            self.runs[key] = done
+            self.held += weight
+            while self.held > self.budget and len(self.runs) > 1:
+                self.held -= self.runs.popitem(last=False)[1].weight
+
+
+def _value(x: Any) -> Any:
+    """``x`` as a hashable value that equals another's exactly when they are the same inputs:
+    plain values as they are, containers element by element (with their kind), dataclasses and
+    the policies of :mod:`offsim.policies` by type and attributes; raises :class:`_OpaqueError` for
+    anything else (a callback, an object of an unknown kind)."""
+    if x is None or isinstance(x, bool | int | float | str | Enum):
+        return x
+    if isinstance(x, tuple | list):
+        return (type(x).__name__, *(_value(v) for v in x))
+    if isinstance(x, frozenset | set):
+        return ("set", frozenset(_value(v) for v in x))
+    if isinstance(x, dict):
+        return ("dict", *((_value(k), _value(v)) for k, v in x.items()))
+    kind = type(x)
+    if dataclasses.is_dataclass(x) and kind.__module__.startswith("offsim."):
+        if kind.__module__ == "offsim.schedule.ops":  # frozen: as it is where it hashes (blocks, ops)
+            try:
+                hash(x)
+                return x
+            except TypeError:  # a field is a dict (a cache's units and programs)
+                pass
+        return (kind, *(_value(getattr(x, f.name)) for f in dataclasses.fields(x)))
+    if kind.__module__.startswith("offsim.policies."):
+        attrs = dict(vars(x)) if hasattr(x, "__dict__") else {}
+        for name in getattr(kind, "__slots__", ()):
+            attrs[name] = getattr(x, name)
+        return (kind, _value(attrs))
+    raise _OpaqueError(f"cannot compare a {kind.__name__}")
+
+
+def active() -> RunMemo | None:
+    """The memo runs look up now (None: every run is simulated)."""
+    memo = _ACTIVE.get()
+    return memo if memo is not None else _PROCESS
+
+
+def enable(budget: int = DEFAULT_BUDGET) -> RunMemo:
+    """Reuse runs in this whole process from now on (a sweep's pool worker, which runs nothing
+    else); returns the memo (the one already enabled, if any)."""
+    global _PROCESS  # one memo per worker process, like the worker's payload
+    if _PROCESS is None:
+        _PROCESS = RunMemo(budget)
+    return _PROCESS
+
+
+@contextmanager
+def reusing(memo: RunMemo | None = None) -> Iterator[RunMemo]:
+    """Reuse runs inside the block (in this thread), from ``memo`` (None: the one active, or a
+    new one)."""
+    use = memo if memo is not None else active() or RunMemo()
+    token = _ACTIVE.set(use)
+    try:
+        yield use
+    finally:
+        _ACTIVE.reset(token)
