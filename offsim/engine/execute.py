@@ -204,6 +204,7 @@ class Executor:
         self._close()
         if memo is not None and key is not None:
             memo.store(key, self)
+        self._release()
         return self.events
 
     def _loop(self, steady: SteadyState | None) -> None:
@@ -545,6 +546,21 @@ class Executor:
                 self.rec.iteration_starts_s.append(node.head_s)
                 if self.on_iteration is not None and node.iteration > 0:
                     self.on_iteration(node.iteration, self.iterations)
+
+    def _release(self) -> None:
+        """Let go of the op instances once the run is over. A node refers to the executor (its
+        continuation is one of its methods), so while the executor refers to nodes they are
+        garbage that only the cycle collector frees, after walking all of them (issue 16: the
+        collection after a 175B run took ~20 ms)."""
+        self.cursor.nodes = []
+        self.last_write = {}
+        self.stream_last = {}
+        self._infos = {}
+        for cache in self.caches.values():
+            cache.present.clear()
+        if self.steady is not None:
+            self.steady.seen.clear()
+            self.steady.regions.clear()
 
     def _close(self) -> None:
         for (it, _mb, phase), (start, end) in self.phases.items():

@@ -244,4 +244,4 @@ class FlowNetwork:
         flow.remaining_bytes = 0.0
         if self.on_finish is not None:
             self.on_finish(flow)
-        flow.done.succeed(flow)
+        flow.done.succeed()  # no value: the flow holds its event, and a value would make a cycle
