@@ -3,6 +3,7 @@
     python benchmarks/speed_table.py                    # every row (a few minutes on 2 cores)
     python benchmarks/speed_table.py --quick            # fewer repeats, a smaller sweep, no Dask
     python benchmarks/speed_table.py --old-rev 942cf07  # and a column for the old SimPy engine
+    python benchmarks/speed_table.py --old-tree DIR     # and a column for the tree in DIR (its offsim/)
 
 Rows, with their baselines:
 
@@ -27,7 +28,9 @@ of the best of several runs, the working tree and the old revision measured in t
 machine wall time swings with other work, CPU time much less. The sweep's rates are wall time.
 ``--old-rev`` runs the same probes on a ``git archive`` of that revision with
 ``OFFSIM_ENGINE=simpy`` (the engine that preceded the schedule executor; it was deleted after
-that revision). Prints figures only; nothing here asserts a timing.
+that revision); ``--old-tree`` on a directory holding a tree already (for instance this revision
+with some files as they were before a change, to measure that change alone). Prints figures only;
+nothing here asserts a timing.
 """
 
 # ruff: noqa: T201 - a benchmark prints its figures
@@ -47,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if "PYTHONPATH" not in os.environ:  # this checkout, not a copy installed in site-packages
+    sys.path.insert(1, str(REPO))
 BIG = ("dgx2-v100", "gpt3-175b", "zero-infinity-nvme")
 SMALL = ("rtx4090-pcie4-ws", "llama2-7b", "zero-offload")
 LOOP_EVENTS = 100_000
@@ -81,8 +86,9 @@ def full_simulation() -> None:
 
     run = sim.run_schedule
 
-    def every_repetition(cfg: Any, sz: Any, on_iteration: Any = None, steady_shortcut: bool = True) -> Any:
-        return run(cfg, sz, on_iteration, steady_shortcut=False)
+    def every_repetition(cfg: Any, sz: Any, on_iteration: Any = None, steady_shortcut: bool = True,
+                         **kwargs: Any) -> Any:
+        return run(cfg, sz, on_iteration, steady_shortcut=False, **kwargs)
 
     sim.run_schedule = every_repetition  # type: ignore[assignment]
 
@@ -139,8 +145,8 @@ def run_probe(name: str, arg: int, tree: Path | None, shortcut: bool = True) -> 
     """Run one probe in a fresh interpreter; ``tree``: an old revision's files, old engine;
     ``shortcut``: False simulates every repetition."""
     env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree if tree is not None else REPO)  # not an installed copy
     if tree is not None:
-        env["PYTHONPATH"] = str(tree)
         env["OFFSIM_ENGINE"] = "simpy"
     else:
         env.pop("OFFSIM_ENGINE", None)
@@ -166,7 +172,8 @@ def process_s(argv: list[str], repeats: int, env: dict[str, str] | None = None) 
 
 def process_row(repeats: int, tree: Path | None) -> dict[str, float]:
     """``offsim run`` (the CLI's defaults) against the bare imports, interleaved, best of each."""
-    env = dict(os.environ, PYTHONPATH=str(tree), OFFSIM_ENGINE="simpy") if tree is not None else None
+    env = (dict(os.environ, PYTHONPATH=str(tree), OFFSIM_ENGINE="simpy") if tree is not None
+           else dict(os.environ, PYTHONPATH=str(REPO)))
     base, run = float("inf"), float("inf")
     for _ in range(repeats):
         base = min(base, process_s(["-c", "import numpy, pydantic, simpy, yaml"], 1))
@@ -218,7 +225,7 @@ def print_table(now: dict[str, dict[str, float]], old: dict[str, dict[str, float
     rows = table_rows(now, args.accumulation) + full_rows(now, args.full_accumulation)
     old_rows = table_rows(old, args.accumulation) if old else None
     head = f"{'figure':58} {'executor':>30} {'target':>10}"
-    print(head + (f" {'old engine':>30}" if old_rows else ""))
+    print(head + (f" {'old tree or revision':>30}" if old_rows else ""))
     for i, (name, value, target) in enumerate(rows):
         line = f"{name:58} {value:>30} {target:>10}"
         if old_rows:
@@ -316,6 +323,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repeats, a 200-point sweep, no Dask")
     ap.add_argument("--old-rev", help="also measure this revision with OFFSIM_ENGINE=simpy")
+    ap.add_argument("--old-tree", help="also measure the tree in this directory (its offsim/ and data folders)")
     ap.add_argument("--accumulation", type=int, default=10_000, help="micro-batches per step (default 10,000)")
     ap.add_argument("--full-accumulation", type=int, default=1000,
                     help="micro-batches per step with the shortcut off (default 1,000)")
@@ -332,7 +340,9 @@ def main() -> None:
     print(f"offsim speed table: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; CPU seconds (sweep: wall), best of several runs")
     rounds = 1 if args.quick else 2
-    if args.old_rev:
+    if args.old_tree:
+        now, old = measure_rounds(args, None, rounds, Path(args.old_tree).resolve())
+    elif args.old_rev:
         with tempfile.TemporaryDirectory() as tmp:
             now, old = measure_rounds(args, None, rounds, old_tree(args.old_rev, Path(tmp)))
     else:

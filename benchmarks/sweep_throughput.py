@@ -23,8 +23,13 @@ import io
 import os
 import pstats
 import random
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+if "PYTHONPATH" not in os.environ:  # this checkout, not a copy installed in site-packages
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from offsim.sweep.evaluate import Payload, run_chunk
 from offsim.sweep.execute import run_sweep
