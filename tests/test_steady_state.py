@@ -66,8 +66,26 @@ def _differences(expected: Any, actual: Any, path: str = "") -> list[str]:
 
 def _records(rec: Recorder) -> list[Any]:
     return [_ties_in_a_fixed_order(list(map(_fields, rec.spans)), rec.end_s),
-            list(map(_fields, rec.cache_events)), list(map(_fields, rec.levels)),
+            list(map(_fields, rec.cache_events)), _levels_at_each_instant(list(map(_fields, rec.levels)), rec.end_s),
             sorted(rec.phases), rec.iteration_starts_s, rec.end_s]
+
+
+def _levels_at_each_instant(levels: list[tuple[Any, ...]], scale_s: float) -> list[tuple[Any, ...]]:
+    """Level samples (time, tier, bytes) as recorded, each run of neighbours at the same instant to
+    rounding reduced to the last level of each tier there, in tier order: the level from an instant
+    on is the last one recorded at it, while the ones before it depend on which simultaneous
+    allocation or free SimPy ran first (see :func:`_ties_in_a_fixed_order`)."""
+    out: list[tuple[Any, ...]] = []
+    group: dict[str, tuple[Any, ...]] = {}
+    start = None
+    for t, tier, nbytes in levels:
+        if start is not None and abs(t - start) > TIME_TOLERANCE * scale_s:
+            out += [group[k] for k in sorted(group)]
+            group = {}
+        if not group:
+            start = t
+        group[tier] = (start, tier, nbytes)
+    return out + [group[k] for k in sorted(group)]
 
 
 def _ties_in_a_fixed_order(spans: list[tuple[Any, ...]], scale_s: float) -> list[tuple[Any, ...]]:
