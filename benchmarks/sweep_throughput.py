@@ -23,6 +23,7 @@ import io
 import os
 import pstats
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -54,18 +55,29 @@ def build(points: int, hardware: str, workload: str) -> SweepPlan:
     return plan
 
 
+def cpu_s(who: int | None = None) -> float:
+    """CPU seconds (user + system) of this process and of its children that have ended (``who``:
+    ``resource.RUSAGE_SELF`` or ``RUSAGE_CHILDREN`` alone)."""
+    total = 0.0
+    for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) if who is None else (who,):
+        use = resource.getrusage(w)
+        total += use.ru_utime + use.ru_stime
+    return total
+
+
 def run_local(plan: SweepPlan, workers: int, prefilter: bool) -> None:
     with tempfile.TemporaryDirectory() as out:
-        t0 = time.perf_counter()
-        res = run_sweep(plan, out, workers=workers, prefilter=prefilter)
-        wall = time.perf_counter() - t0
-    report(f"local process pool, {workers} workers", res, wall)
+        t0, c0, own0 = time.perf_counter(), cpu_s(), cpu_s(resource.RUSAGE_SELF)
+        res = run_sweep(plan, out, workers=workers, prefilter=prefilter)  # the pool has ended on return
+        wall, cpu, own = time.perf_counter() - t0, cpu_s() - c0, cpu_s(resource.RUSAGE_SELF) - own0
+    report(f"local process pool, {workers} workers", res, wall, cpu)
+    print(f"  of which the sweep's own process: {own:.1f} s")
 
 
 def run_dask(plan: SweepPlan, workers: int, prefilter: bool) -> None:
     from distributed import Client, LocalCluster
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s()
     with (
         LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
@@ -77,12 +89,16 @@ def run_dask(plan: SweepPlan, workers: int, prefilter: bool) -> None:
         t1 = time.perf_counter()
         res = run_sweep(plan, out, scheduler=client, prefilter=prefilter)
         wall = time.perf_counter() - t1
-    report(f"Dask LocalCluster, {workers} workers (cluster start {started:.1f} s, not counted)", res, wall)
+    cpu = cpu_s() - c0  # the workers have ended: their CPU is counted, the cluster's start and stop too
+    report(f"Dask LocalCluster, {workers} workers (cluster start {started:.1f} s, not counted)", res, wall, cpu)
 
 
-def report(name: str, res, wall: float) -> None:
+def report(name: str, res, wall: float, cpu: float) -> None:
+    """Points/s of wall time, and the CPU seconds all processes spent (on a machine shared with
+    other work the wall time swings; CPU over the workers is what the sweep costs)."""
     counts = res.frame["status"].value_counts().to_dict()
     print(f"{name}: {res.new} points in {wall:.1f} s = {res.new / wall:.1f} points/s  {counts}")
+    print(f"  CPU, every process: {cpu:.1f} s ({1000 * cpu / max(1, res.new):.1f} ms a point)")
     if res.new:
         print(f"  10,000 points would take {10_000 / (res.new / wall) / 60:.1f} min at this rate")
 

@@ -40,8 +40,11 @@ if TYPE_CHECKING:
 #: the reported tiers whose capacity a run only checks levels against (the GPU's is an input)
 CHECKED_TIERS = ("host_pinned", "host", "nvme", "pfs")
 #: what a memo keeps unless told otherwise, in records held and template ops (about 250 bytes
-#: each: some 100 MB; a 7B run of three iterations is some 3,000 records and 2,000 ops)
-DEFAULT_BUDGET = 400_000
+#: each: some 300 MB; a 7B run of three iterations is 3,000 to 5,000 of them). A sweep's points
+#: whose runs are equal lie a few hundred points apart in grid order: the 10,000-point 7B grid of
+#: ``benchmarks/sweep_throughput.py`` (8,056 points simulated, 766 distinct runs) on two workers
+#: reuses no run when each keeps 64 runs, 79% of the points when each keeps 128 and 84% from 256 on
+DEFAULT_BUDGET = 1_200_000
 
 #: the memo of the block of :func:`reusing` the caller is in (per thread: contexts do not leak)
 _ACTIVE: ContextVar[RunMemo | None] = ContextVar("offsim_run_memo", default=None)
