@@ -6,12 +6,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import Field
 
 from offsim import load_strategy, make_run_config
 from offsim.api import resolve
+from offsim.config.base import Frozen
 from offsim.config.loading import shipped_files
 from offsim.config.strategy import known_systems
 from offsim.errors import ConfigError
+from offsim.systems._options import read_options
 from offsim.systems._registry import compose, system_module
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,3 +90,34 @@ def test_every_system_declares_options_among_the_system_options() -> None:
         assert options(name) <= set(SYSTEM_OPTIONS), name
     assert options("custom") == set(SYSTEM_OPTIONS)
     assert set(SYSTEM_OPTIONS) == set().union(*(options(n) for n in known_systems() if n != "custom"))
+
+
+class _TwoKnobs(Frozen):
+    """A system's own options, as a new system file declares them."""
+
+    topk_ratio: float = Field(default=0.1, gt=0, le=1)
+    update_interval: int = Field(default=4, ge=1)
+
+
+def test_system_options_are_read_by_the_systems_own_model() -> None:
+    st = load_strategy("zero-offload").model_copy(update={"system_options": {"topk_ratio": 0.25}})
+    own = read_options(st, _TwoKnobs)
+    assert (own.topk_ratio, own.update_interval) == (0.25, 4)
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"topk_ratio": 1.5}, "topk_ratio"),  # out of range
+    ({"topk_ratoi": 0.2}, "topk_ratoi"),  # misspelt: refused, not ignored
+    ({"update_interval": "4"}, "update_interval"),  # a string where a number belongs
+])
+def test_wrong_system_options_name_the_strategy_system_and_field(options: dict[str, object], named: str) -> None:
+    st = load_strategy("zero-offload").model_copy(update={"system_options": options})
+    with pytest.raises(ConfigError, match=rf"'zero-offload': system_options of system 'zero-offload': {named}"):
+        read_options(st, _TwoKnobs)
+
+
+def test_a_system_without_options_refuses_system_options() -> None:
+    cfg = resolve(make_run_config("tiny", "tiny", "zero-offload"))
+    cfg = cfg.model_copy(update={"strategy": cfg.strategy.model_copy(update={"system_options": {"k": 1}})})
+    with pytest.raises(ConfigError, match=r"system 'zero-offload' has no options of its own.*sets k"):
+        compose(cfg)

@@ -221,6 +221,12 @@ class Strategy(Frozen):
                     "skipped for bf16 (stage3.py _overflow_check_and_loss_scale_update); fused: MemAscend's "
                     "fused overflow check, no temporaries",
     )
+    system_options: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        description="options of the mechanisms the system's own file adds (its module's `Options` model, "
+                    "checked when the system is composed): a new system declares its knobs there, so "
+                    "adding it touches no shared schema",
+    )
     lp_copy: Literal["separate_cast", "fused_zero_copy"] = Field(
         default="separate_cast",
         description="how DeepSpeed's CPU step brings the updated fp32 master to the GPU's 16-bit copy "

@@ -7,6 +7,8 @@ in a strategy file is ``offsim/systems/twin_flow.py``. It defines
   :mod:`offsim.systems._parts`, plus what is its own);
 * ``OPTIONS``: the strategy fields of :data:`~offsim.config.strategy.SYSTEM_OPTIONS` it accepts
   (the mechanism variants it has); a strategy that sets another is refused by :func:`check_options`;
+* optionally ``Options``: a pydantic model of the knobs of the mechanisms only it adds, set in a
+  strategy under ``system_options:`` and read with :func:`offsim.systems._options.read_options`;
 * optionally ``choice_policies(cfg, sz) -> dict[ChoiceId, ChoicePolicy]``: the run-time
   policies of the choices its schedule names.
 
@@ -26,6 +28,7 @@ from offsim.errors import ConfigError
 from offsim.plan.footprint import StateSizes
 from offsim.schedule.ops import Schedule
 from offsim.systems._compile import System, compile_system
+from offsim.systems._options import check_system_options
 
 
 def system_module(name: str) -> ModuleType:
@@ -42,7 +45,9 @@ def options(name: str) -> frozenset[str]:
 
 def check_options(st: Strategy) -> None:
     """Refuse a strategy that sets a system option its system does not have (a mechanism
-    variant of another published system), naming the field and the systems that have it."""
+    variant of another published system), naming the field and the systems that have it, or
+    ``system_options`` its system's ``Options`` does not accept."""
+    check_system_options(st, system_module(st.system))
     own = options(st.system)
     for field in SYSTEM_OPTIONS:
         if field not in own and option_is_set(st, field):
