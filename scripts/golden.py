@@ -2,6 +2,7 @@
 
     python scripts/golden.py            # rewrite tests/golden/*.json
     python scripts/golden.py --check    # compare with them (what tests/test_golden.py does)
+    python scripts/golden.py --only zenflow   # (re)write one strategy's file only
 
 Each golden file holds, per configuration: the run's metrics JSON (``RunMetrics``), the
 planner's footprint need per tier and the closed-form time bound's terms; on ``tiny``/``tiny``
@@ -80,10 +81,12 @@ def file_for(strategy: str) -> Path:
     return GOLDEN_DIR / f"{strategy}.json"
 
 
-def build() -> dict[str, dict[str, Any]]:
-    """Every golden record, by strategy then by ``hardware/workload``."""
+def build(only: str | None = None) -> dict[str, dict[str, Any]]:
+    """Every golden record (or strategy ``only``'s), by strategy then by ``hardware/workload``."""
     out: dict[str, dict[str, Any]] = {}
     for hw, wl, strategy in configurations():
+        if only is not None and strategy != only:
+            continue
         out.setdefault(strategy, {})[f"{hw}/{wl}"] = record(hw, wl, strategy)
     return out
 
@@ -115,8 +118,12 @@ def differences(expected: Any, actual: Any, path: str = "", rel: float = 1e-9) -
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of rewriting")
+    parser.add_argument("--only", metavar="STRATEGY", help="only this shipped strategy's file")
     args = parser.parse_args()
-    built = build()
+    built = build(args.only)
+    if not built:
+        print(f"no shipped strategy named {args.only!r}", file=sys.stderr)
+        return 2
     if not args.check:
         GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
         for strategy, records in built.items():
