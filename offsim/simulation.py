@@ -38,6 +38,16 @@ def machine(cfg: RunConfig, sz: StateSizes) -> Machine:
                    sz.ranks_per_node, hw.topology.nodes)
 
 
+def make_executor(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, int], None] | None = None,
+                  system: System | None = None) -> Executor:
+    """The executor of ``cfg``'s schedule (its composition ``system``, if already made), not run:
+    its recorder, policies and machine as :func:`run_schedule` uses them."""
+    schedule = compile_system(compose(cfg, sz) if system is None else system)
+    rec = Recorder()
+    policies = run_policies(cfg, sz, schedule, rec)
+    return Executor(schedule, machine(cfg, sz), policies.caches, rec, on_iteration, policies.choices)
+
+
 def run_schedule(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, int], None] | None = None,
                  steady_shortcut: bool = True, system: System | None = None) -> tuple[Recorder, dict[str, float], int]:
     """Compile ``cfg`` (its composition ``system``, if already made) into a schedule and execute
@@ -46,10 +56,8 @@ def run_schedule(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, in
     ``steady_shortcut``: skip the repetitions of an iteration or a micro-batch once the run is
     in a steady state (:mod:`offsim.engine.steady`; the same metrics); False simulates every one.
     """
-    schedule = compile_system(compose(cfg, sz) if system is None else system)
-    rec = Recorder()
-    policies = run_policies(cfg, sz, schedule, rec)
-    executor = Executor(schedule, machine(cfg, sz), policies.caches, rec, on_iteration, policies.choices)
+    executor = make_executor(cfg, sz, on_iteration, system)
+    rec = executor.rec
     with _few_collections():
         events = executor.run(steady_shortcut)
     return rec, executor.memory.peak_bytes, events

@@ -385,7 +385,7 @@ class Executor:
         body = node.op.body
         assert isinstance(body, Alloc)
         self.memory.hold(body.tier, self._bind(body.tensor, node.micro_batch), body.nbytes,
-                         lambda: self._what(node))
+                         lambda: self._what(node), node.op.tag.mechanism)
         self._finish(node)
 
     def _start_free(self, node: Node) -> None:

@@ -6,6 +6,10 @@ the same tensor on the same tier holds, so a double allocation or a free of what
 GPU); host memory and NVMe are shared by the ranks of a node, which run the same schedule, so a
 node level is the rank level times ``ranks_per_node`` (the PFS: times every rank of the job). A
 level above capacity raises :class:`~offsim.core.errors.InfeasibleError` at the moment it happens.
+
+Each holding also names its owner (the mechanism whose op allocated it, ``Tag.mechanism``), and
+the ledger keeps every owner's peak per rank and tier (issue 14, architecture.md section 9: the
+footprint stays declared but is checked per mechanism).
 """
 
 from __future__ import annotations
@@ -47,9 +51,14 @@ class Memory:
         self.ranks = ranks_per_node
         self.nodes = nodes
         self.on_level = on_level
-        self.held: dict[tuple[Tier, Hashable], int] = {}
+        #: (tier, tensor) -> (bytes, owner)
+        self.held: dict[tuple[Tier, Hashable], tuple[int, Hashable]] = {}
         self.rank_bytes = dict.fromkeys(Tier, 0)
         self.peak_bytes = dict.fromkeys(REPORTED_TIERS, 0.0)
+        #: owner -> bytes it holds now per tier, per rank
+        self.owner_bytes: dict[Hashable, dict[Tier, int]] = {}
+        #: owner -> its peak per rank per reported tier (``host``: its pinned + pageable)
+        self.owner_peak_bytes: dict[Hashable, dict[str, int]] = {}
         self._reported = False  # no level reported yet: the first change reports every tier
 
     def level(self, tier: str) -> float:
@@ -73,24 +82,40 @@ class Memory:
         """GPU memory not held now."""
         return self.capacity_bytes["gpu"] - self.rank_bytes[Tier.GPU]
 
-    def hold(self, tier: Tier, key: Hashable, nbytes: int, what: Callable[[], str]) -> None:
-        """``key`` takes ``nbytes`` of ``tier``; raises InfeasibleError if a tier overflows
-        (``what`` names the holder in messages)."""
+    def hold(self, tier: Tier, key: Hashable, nbytes: int, what: Callable[[], str], owner: Hashable = None) -> None:
+        """``key`` takes ``nbytes`` of ``tier`` for ``owner``; raises InfeasibleError if a tier
+        overflows (``what`` names the holder in messages)."""
         if (tier, key) in self.held:
             raise ScheduleError(f"{key} is allocated twice on {tier} ({what()})")
-        self.held[(tier, key)] = nbytes
+        self.held[(tier, key)] = (nbytes, owner)
         if nbytes > 0:
             self.rank_bytes[tier] += nbytes
             self._update(tier, what)
+            self._own(owner, tier, nbytes)
 
     def free(self, tier: Tier, key: Hashable) -> None:
         """Release what ``key`` holds on ``tier``."""
-        nbytes = self.held.pop((tier, key), None)
-        if nbytes is None:
+        holding = self.held.pop((tier, key), None)
+        if holding is None:
             raise ScheduleError(f"{key} is freed on {tier} but holds nothing there")
+        nbytes, owner = holding
         if nbytes > 0:
             self.rank_bytes[tier] -= nbytes
+            self.owner_bytes[owner][tier] -= nbytes
             self._update(tier, lambda: "")
+
+    def _own(self, owner: Hashable, tier: Tier, nbytes: int) -> None:
+        """Add ``nbytes`` of ``tier`` to ``owner``'s level and peak (per rank)."""
+        levels = self.owner_bytes.get(owner)
+        if levels is None:
+            levels = self.owner_bytes[owner] = dict.fromkeys(Tier, 0)
+            self.owner_peak_bytes[owner] = dict.fromkeys(REPORTED_TIERS, 0)
+        levels[tier] += nbytes
+        peaks = self.owner_peak_bytes[owner]
+        for name in _REPORTED_BY[tier]:
+            level = levels[Tier.HOST_PINNED] + levels[Tier.HOST_PAGEABLE] if name == "host" else levels[tier]
+            if level > peaks[name]:
+                peaks[name] = level
 
     def _update(self, changed: Tier, what: Callable[[], str]) -> None:
         """Check, peak and report the levels a change of ``changed`` moved (the others cannot

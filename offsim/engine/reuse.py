@@ -84,6 +84,7 @@ class _Done:
     end_s: float
     cache_info: dict[str, dict[str, Any]]
     peaks: dict[str, float]
+    owner_peaks: dict[Any, dict[str, int]]  # per mechanism (Memory.owner_peak_bytes)
     events: int
     iterations: int
     weight: int  # records held and template ops: what keeping it costs
@@ -139,6 +140,7 @@ class RunMemo:
         for cache, info in done.cache_info.items():
             rec.cache_info[cache] = dict(info)
         ex.memory.peak_bytes = dict(done.peaks)
+        ex.memory.owner_peak_bytes = {o: dict(p) for o, p in done.owner_peaks.items()}
         ex.events, ex.end_s, ex.iterations = done.events, done.end_s, done.iterations
         return True
 
@@ -150,7 +152,7 @@ class RunMemo:
                   + sum(len(b.ops) for b in ex.schedule.blocks()))
         done = _Done(rec.spans, rec.cache_events, rec.level_log, list(rec.iteration_starts_s), list(rec.phases),
                      rec.end_s, {c: dict(i) for c, i in rec.cache_info.items()}, dict(ex.memory.peak_bytes),
-                     ex.events, ex.iterations, weight, key)
+                     {o: dict(p) for o, p in ex.memory.owner_peak_bytes.items()}, ex.events, ex.iterations, weight, key)
         with self._lock:
             old = self.runs.pop(key, None)
             if old is not None:
