@@ -39,10 +39,10 @@ for it over all links), ``lower_bound_<cache>_bytes``, ``upper_bound_<cache>_byt
 
 Time: ``iteration_time_lower_bound_s`` is a lower bound on the steady iteration time any eviction
 policy reaches with the row's strategy and budgets on the modelled machine
-(:mod:`offsim.iteration_bound`: the least bytes over each shared resource at its peak rate, and
-the compute; not a prediction: it assumes perfect overlap), ``iteration_time_bound_binding`` its
-largest term, ``iteration_time_above_bound_s`` the row's distance to it (>= 0): at most what any
-eviction rule could still gain.
+(:mod:`offsim.iteration_bound`: the least work of the compiled schedule on each resource and
+stream, and the caches' least bytes, at peak rate; not a prediction: it assumes perfect overlap),
+``iteration_time_bound_binding`` its largest term, ``iteration_time_above_bound_s`` the row's
+distance to it (>= 0): at most what any eviction rule could still gain.
 
 Curves: :func:`policy_variants` takes lists of GPU parameter budgets and DRAM cache sizes; a row
 per policy and size, with ``cache_gib`` and ``dram_cache_gib`` (the budgets as run, GiB).
@@ -64,11 +64,13 @@ from offsim.config.hardware import HardwareProfile
 from offsim.config.run import make_run_config
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
+from offsim.core.enums import Res
 from offsim.errors import ConfigError, PolicyError
 from offsim.iteration_bound import iteration_lower_bound
 from offsim.metrics import steady_iterations
 from offsim.policies.bounds import EXACT_RTOL
 from offsim.results import RunResult
+from offsim.schedule.bound import GPU_COMPUTE, RES_NAMES
 
 CACHING = ("lru", "fifo", "mru", "lfu", "belady", "belady-size", "opt")
 ACTIVATIONS = ("keep", "recompute", "offload-cpu", "offload-nvme")
@@ -413,10 +415,10 @@ def _against_bound(row: pd.Series) -> str:
 
 
 #: What a binding term of the time bound is, in words (offsim.iteration_bound).
-BINDING_WORDS = {"nvme": "the NVMe array busy with the fewest bytes any policy moves",
-                 "h2d": "host-to-GPU copies of the fewest bytes any policy moves",
-                 "d2h": "GPU-to-host copies", "gpu_serial": "the GPU's compute",
-                 "cpu_optimizer": "the CPU optimizer", "dram": "host memory traffic"}
+BINDING_WORDS = {RES_NAMES[Res.NVME]: "the NVMe array busy with the fewest bytes any policy moves",
+                 RES_NAMES[Res.H2D]: "host-to-GPU copies of the fewest bytes any policy moves",
+                 RES_NAMES[Res.D2H]: "GPU-to-host copies", GPU_COMPUTE: "the GPU's compute stream",
+                 RES_NAMES[Res.CPU]: "the CPU optimizer", RES_NAMES[Res.DRAM]: "host memory traffic"}
 
 
 def _against_time_bound(part: pd.DataFrame, best: pd.Series) -> str:

@@ -4,12 +4,14 @@ The bytes bound of :mod:`offsim.policies.bounds` says how few bytes the policy-m
 must move. This module turns it into seconds. For one run (one policy, one budget), the bound is
 the largest of these terms:
 
-* **The placement's terms** (:func:`offsim.plan.time_bound.time_lower_bound`). These are the
-  GPU's serial compute, the CPU optimizer, host DRAM, and the bytes the placement forces on each
-  link, each over its peak rate. They depend on where the state lives, the activation policy and
-  the DRAM cache's size. They do not depend on which tensor is evicted.
-* **The caches' terms, one per shared resource.** ``h2d`` and ``d2h`` are the PCIe directions.
-  ``nvme`` is the array, whose reads and writes share its time.
+* **The schedule's terms** (:func:`offsim.plan.time_bound.time_lower_bound`): the least work
+  of the compiled schedule on each resource and stream (the GPU compute stream, each PCIe
+  direction, the NVMe array, host DRAM, the CPU optimizer...) over its capacity, the caches'
+  misses counted at the least any policy makes from the cache sizes alone. They do not depend
+  on which tensor is evicted.
+* **The caches' terms, one per shared resource**, which replace the schedule's term of the same
+  name when larger. "PCIe H2D" and "PCIe D2H" are the PCIe directions; "NVMe array" is the
+  array, whose reads and writes share its time.
   * Each term is the bytes outside the caches plus the least bytes the caches must move over
     that resource, over the resource's peak rate.
   * The bytes outside the caches are what this run moved that no cache accounts for (gradients,
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from offsim.cache_stats import access_sequence
+from offsim.core.enums import Res
 from offsim.plan.footprint import state_sizes
 from offsim.plan.time_bound import time_lower_bound
 from offsim.policies import bounds
@@ -53,6 +56,7 @@ from offsim.policies.bounds import (
     split_lower_bound,
 )
 from offsim.results import RunResult
+from offsim.schedule.bound import RES_NAMES
 
 #: Spans that move a GPU parameter buffer miss (engine kinds).
 PARAM_FETCH_KINDS = ("param_fetch", "param_allgather")
@@ -65,9 +69,9 @@ class IterationBound:
 
     Attributes:
         seconds: the bound (the largest term).
-        binding: the name of the largest term (``gpu_serial``, ``cpu_optimizer``, ``dram``,
-            ``h2d``, ``d2h`` or ``nvme``; the cache-aware terms replace the placement's for the
-            same resource when they are larger).
+        binding: the name of the largest term (:data:`offsim.schedule.bound.GPU_COMPUTE`, a
+            resource of :data:`offsim.schedule.bound.RES_NAMES`, a stream; the cache-aware terms
+            replace the schedule's for the same resource when they are larger).
         terms_s: every term, seconds.
     """
 
@@ -82,13 +86,15 @@ def _resources(result: RunResult) -> dict[str, tuple[float, dict[str, float]]]:
     cfg = result.config
     link = cfg.hardware.host_link
     out = {
-        "h2d": (1.0 / max(link.h2d.pinned.peak_bytes_per_s, link.h2d.pageable.peak_bytes_per_s), {"h2d": 1.0}),
-        "d2h": (1.0 / max(link.d2h.pinned.peak_bytes_per_s, link.d2h.pageable.peak_bytes_per_s), {"d2h": 1.0}),
+        RES_NAMES[Res.H2D]: (1.0 / max(link.h2d.pinned.peak_bytes_per_s, link.h2d.pageable.peak_bytes_per_s),
+                             {"h2d": 1.0}),
+        RES_NAMES[Res.D2H]: (1.0 / max(link.d2h.pinned.peak_bytes_per_s, link.d2h.pageable.peak_bytes_per_s),
+                             {"d2h": 1.0}),
     }
     nvme = cfg.hardware.nvme
     if nvme is not None:
         n = state_sizes(cfg).ranks_per_node  # ranks of a node share its array
-        out["nvme"] = (n / nvme.read_bytes_per_s,
+        out[RES_NAMES[Res.NVME]] = (n / nvme.read_bytes_per_s,
                        {"nvme_read": 1.0, "nvme_write": nvme.read_bytes_per_s / nvme.write_bytes_per_s})
     return out
 
@@ -211,8 +217,7 @@ def _cache_term(result: RunResult, seconds_per_byte: float, weights: dict[str, f
 def iteration_lower_bound(result: RunResult) -> IterationBound:
     """A lower bound on the steady iteration time of ``result``'s strategy and budgets, whichever
     eviction policy runs (module docstring)."""
-    placement = time_lower_bound(result.config)
-    terms = dict(placement.terms_s)
+    terms = dict(time_lower_bound(result.config).terms_s)
     caches = {cache: (cache_bytes_per_link(result, cache), *cache_link_factors(result, cache))
               for cache in result.metrics.cache}
     for name, (seconds_per_byte, weights) in _resources(result).items():

@@ -11,9 +11,11 @@ import pytest
 
 from offsim.compare import policy_variants, run_variants
 from offsim.config.loading import load_profile, load_strategy
+from offsim.core.enums import Res
 from offsim.iteration_bound import iteration_lower_bound
 from offsim.plan.footprint import state_sizes
 from offsim.plan.time_bound import time_lower_bound
+from offsim.schedule.bound import RES_NAMES
 
 
 @pytest.mark.parametrize("policy", ["lru", "mru"])
@@ -29,23 +31,24 @@ def test_with_no_choice_the_cache_terms_are_the_runs_own_traffic(policy: str) ->
     n = state_sizes(result.config).ranks_per_node
     nvme_s = n * (traffic.nvme_read / hw.nvme.read_bytes_per_s + traffic.nvme_write / hw.nvme.write_bytes_per_s)
     h2d_peak = max(hw.host_link.h2d.pinned.peak_bytes_per_s, hw.host_link.h2d.pageable.peak_bytes_per_s)
-    assert b.terms_s["nvme"] == pytest.approx(nvme_s, rel=1e-12)
-    assert b.terms_s["h2d"] == pytest.approx(traffic.h2d / h2d_peak, rel=1e-12)
-    assert b.binding == "nvme" and b.seconds == b.terms_s["nvme"]
+    nvme, h2d = RES_NAMES[Res.NVME], RES_NAMES[Res.H2D]
+    assert b.terms_s[nvme] == pytest.approx(nvme_s, rel=1e-12)
+    assert b.terms_s[h2d] == pytest.approx(traffic.h2d / h2d_peak, rel=1e-12)
+    assert b.binding == nvme and b.seconds == b.terms_s[nvme]
     assert result.metrics.iteration_time_s >= b.seconds
     assert table.loc[0, "iteration_time_lower_bound_s"] == b.seconds
 
 
-def test_the_bound_is_never_weaker_than_the_placements() -> None:
-    """Every term of :func:`offsim.plan.time_bound.time_lower_bound` is kept (the cache-aware
-    terms only replace a resource's term when larger)."""
+def test_the_bound_is_never_weaker_than_the_schedules() -> None:
+    """Every term of :func:`offsim.plan.time_bound.time_lower_bound` (the compiled schedule's) is
+    kept (the cache-aware terms only replace a resource's term when larger)."""
     (_, st), = policy_variants(load_strategy("zero-infinity-nvme"), "lru", 0.05, 0.1)
     _, (result,) = run_variants("tiny", "tiny", [("lru", st)])
-    placement = time_lower_bound(result.config)
+    schedule = time_lower_bound(result.config)
     b = iteration_lower_bound(result)
-    for name, seconds in placement.terms_s.items():
+    for name, seconds in schedule.terms_s.items():
         assert b.terms_s[name] >= seconds
-    assert b.seconds >= placement.seconds
+    assert b.seconds >= schedule.seconds
 
 
 @pytest.mark.parametrize(("hardware", "workload"), [("dgx2-v100", "gpt3-13b"), ("a100-azure-4nvme", "llama2-13b"),

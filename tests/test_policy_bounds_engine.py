@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
+from offsim.api import simulate
 from offsim.compare import (
     CACHING,
     GPU_PARAMS,
@@ -19,7 +20,8 @@ from offsim.compare import (
 )
 from offsim.config.loading import load_profile, load_strategy, load_workload
 from offsim.config.run import RunConfig
-from offsim.api import simulate
+from offsim.core.enums import Res
+from offsim.schedule.bound import RES_NAMES
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ISSUE_POLICIES = "lru,fifo,mru,lfu,belady,belady-size"
@@ -75,7 +77,7 @@ def test_the_issue_commands_no_policy_below_the_bound(dram_cache_gib: float | No
     # (72.30 s; 62.95 s) from the bound is time the array is not busy at peak, not bytes.
     lower = table["iteration_time_lower_bound_s"]
     assert lower.max() - lower.min() <= 1e-9 * lower.max()
-    assert (table["iteration_time_bound_binding"] == "nvme").all()
+    assert (table["iteration_time_bound_binding"] == RES_NAMES[Res.NVME]).all()
     assert lower.iloc[0] == pytest.approx(66.34 if dram_cache_gib is None else 57.00, abs=0.01)
     hw, mru = load_profile("rtx4090-pcie4-ws"), table.loc["mru"]
     mru_nvme_s = mru["nvme_read_bytes"] / hw.nvme.read_bytes_per_s + mru["nvme_write_bytes"] / hw.nvme.write_bytes_per_s

@@ -30,7 +30,7 @@ fixed-size chunks in execution order):
 
 The search: every candidate is first checked by the plan's closed-form fit
 (:func:`offsim.fit_check.check_fit`; a miss is infeasible with the tier and the bytes) and
-given the closed-form lower bound of :func:`offsim.plan.time_bound.time_lower_bound`. Feasible
+given the lower bound of its compiled schedule (:func:`offsim.plan.time_bound.time_lower_bound`). Feasible
 candidates are simulated in increasing order of their bound, starting from the base strategy as
 the incumbent; a candidate whose bound is no better than the best simulated time is pruned
 (branch and bound: it cannot win). The best is therefore the fastest of the whole grid and never

@@ -12,10 +12,11 @@ offsim does the same in two stages, for the plans "swap the first ``n`` blocks, 
 rest" (:class:`offsim.policies.per_block.PerBlockConfig`; early blocks are swapped because
 backward reaches them last), ``n`` from 0 to the number of blocks:
 
-1. **Model.** The closed-form bottleneck bound (:func:`offsim.plan.time_bound.time_lower_bound`:
-   GPU work, each PCIe direction, NVMe reads plus writes, DRAM, the CPU optimizer) with the GPU
-   term raised by the two stalls an aggregate bound misses (:func:`swap_stalls_s`): forward
-   waits when the copies out fall behind the compute (at most ``prefetch_depth + 2`` blocks in
+1. **Model.** The schedule's bottleneck bound (:func:`offsim.plan.time_bound.time_lower_bound`:
+   the least work of each plan's compiled schedule on the GPU compute stream, each PCIe
+   direction, the NVMe array, DRAM, the CPU optimizer, each copy queue) with the GPU term
+   raised by the two stalls an aggregate bound misses (:func:`swap_stalls_s`): forward waits
+   when the copies out fall behind the compute (at most ``prefetch_depth + 2`` blocks in
    flight), and backward waits for a read that takes longer than the ``prefetch_depth`` blocks
    of backward it hides under. The model's best count among the plans whose footprint fits
    (ties to the smaller ``n``) heads a short list with both extremes (all recomputed, all
@@ -42,6 +43,7 @@ from offsim.plan.footprint import StateSizes, state_sizes
 from offsim.plan.time_bound import time_lower_bound
 from offsim.policies.auto_swap import AutoSwapConfig, ChosenSwap
 from offsim.policies.per_block import PerBlockConfig
+from offsim.schedule.bound import GPU_COMPUTE
 from offsim.simulation import simulate_resolved
 
 #: Relative slack under which two estimates count as equal (then the smaller swap count wins).
@@ -57,9 +59,9 @@ class SwapCandidate:
 
     Attributes:
         blocks: blocks whose activations are swapped (the first ones in forward order).
-        bound_s: the closed-form bound of that plan (:func:`time_lower_bound`), seconds.
+        bound_s: the schedule's bound of that plan (:func:`time_lower_bound`), seconds.
         estimate_s: the bound with the GPU term raised by the read stalls, seconds.
-        binding: the resource that sets the estimate (``gpu_serial``, ``h2d``, ``nvme``, ...).
+        binding: the term that sets the estimate ("GPU compute", "PCIe H2D", "NVMe array", ...).
         fits: the plan's memory footprint fits every tier.
         simulated_s: the profiled (simulated) iteration time when short-listed; ``inf`` when
             the simulation found it infeasible; None when not profiled.
@@ -135,7 +137,7 @@ def swap_candidates(cfg: RunConfig, sz: StateSizes, tier: Literal["cpu", "nvme"]
         plan = per_block_plan(cfg, n, total, tier)
         bound = time_lower_bound(plan, sz)
         stall = ga * swap_stalls_s(cfg, sz, tier, n)
-        terms = {**bound.terms_s, "gpu_serial": bound.terms_s["gpu_serial"] + stall}
+        terms = {**bound.terms_s, GPU_COMPUTE: bound.terms_s.get(GPU_COMPUTE, 0.0) + stall}
         binding = max(terms, key=lambda k: terms[k])
         fits = footprint(plan, sz).first_overflow() is None
         out.append(SwapCandidate(n, bound.seconds, terms[binding], binding, fits))

@@ -24,8 +24,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from offsim.api import resolve
+from offsim.config.run import RunConfig
 from offsim.errors import OffsimError
-from offsim.fit_check import footprint
+from offsim.fit_check import footprint_of
 from offsim.plan.footprint import state_sizes
 from offsim.plan.time_bound import time_lower_bound
 from offsim.simulation import simulate_resolved
@@ -33,6 +34,8 @@ from offsim.sweep.cost import cost_columns, usd_per_hour
 from offsim.sweep.overrides import Library, OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier
 from offsim.sweep.spec import CostAssumptions, SweepPlan, _digest, canonical_json
+from offsim.systems._compile import compile_system
+from offsim.systems._registry import compose
 
 #: Columns that vary from run to run (kept out of the result table, stored beside it).
 TIMING_KEYS = ("wall_s",)
@@ -163,32 +166,46 @@ def _evaluate(
         workload_id=_digest(sections["workload"], 12),
         tokens_per_iteration=wl.tokens_per_iteration,
     )
-    if payload.prefilter:
-        sz = state_sizes(cfg)
-        bound = time_lower_bound(cfg, sz)
-        row.update(time_lower_bound_s=bound.seconds, bound_binding=bound.binding)
-        if footprint(cfg, sz).first_overflow() is not None:
-            row["prefilter"] = "infeasible"  # simulate() stops at the same check, before any event
-        elif goal is not None and goal.bound_misses(bound.seconds, wl.tokens_per_iteration):
-            row.update(status="too_slow", prefilter="too_slow")
-            row.update(cost_columns(cfg.hardware, payload.cost, wl.tokens_per_iteration, None))
-            return
-        elif frontier is not None and len(frontier) and bound.seconds > 0:
-            hourly, _ = usd_per_hour(cfg.hardware, payload.cost)
-            if hourly is not None:
-                by = frontier.dominated_by(
-                    row["workload_id"], hourly, wl.tokens_per_iteration / bound.seconds
-                )
-                if by is not None:
-                    row.update(status="dominated", prefilter="dominated", dominated_by=by)
-                    row.update(cost_columns(cfg.hardware, payload.cost, wl.tokens_per_iteration, None))
-                    return
-        row["prefilter"] = row["prefilter"] or "passed"
+    if payload.prefilter and _prefiltered(payload, cfg, frontier, goal, row):
+        return
     result = simulate_resolved(cfg)
     row.update(_result_columns(result))
     row.update(
         cost_columns(cfg.hardware, payload.cost, wl.tokens_per_iteration, result.metrics.iteration_time_s)
     )
+
+
+def _prefiltered(payload: Payload, cfg: RunConfig, frontier: Frontier | None, goal: Goal | None,
+                 row: dict[str, Any]) -> bool:
+    """Fill the pre-filter's columns; True when the point is settled without simulating it.
+
+    A point that does not fit is not compiled (the simulator stops at the same check, before any
+    event). One that fits is compiled for its time bound (:func:`time_lower_bound` of the
+    schedule); the simulation compiles it again (:func:`offsim.simulation.simulate_resolved`
+    takes no compiled schedule)."""
+    wl = cfg.workload
+    sz = state_sizes(cfg)
+    system = compose(cfg, sz)
+    if footprint_of(system, cfg, sz).first_overflow() is not None:
+        row["prefilter"] = "infeasible"
+        return False
+    bound = time_lower_bound(cfg, sz, compile_system(system))
+    row.update(time_lower_bound_s=bound.seconds, bound_binding=bound.binding)
+    row["prefilter"] = "passed"
+    settled = None
+    if goal is not None and goal.bound_misses(bound.seconds, wl.tokens_per_iteration):
+        settled = {"status": "too_slow", "prefilter": "too_slow"}
+    elif frontier is not None and len(frontier) and bound.seconds > 0:
+        hourly, _ = usd_per_hour(cfg.hardware, payload.cost)
+        by = None if hourly is None else frontier.dominated_by(
+            row["workload_id"], hourly, wl.tokens_per_iteration / bound.seconds)
+        if by is not None:
+            settled = {"status": "dominated", "prefilter": "dominated", "dominated_by": by}
+    if settled is None:
+        return False
+    row.update(settled)
+    row.update(cost_columns(cfg.hardware, payload.cost, wl.tokens_per_iteration, None))
+    return True
 
 
 def run_chunk(

@@ -1,12 +1,15 @@
-"""Closed-form pre-filter: memory fit, a lower bound on iteration time, and dominance.
+"""Pre-filter: memory fit, a lower bound on iteration time, and dominance.
 
 Before a point is simulated, three cheap checks can settle it:
 
 1. **Memory fit.** :func:`offsim.fit_check.check_fit`, the same check :func:`offsim.simulate`
    makes first, so a point marked infeasible here is infeasible in the simulator, with the same
    reason.
-2. **A lower bound on the steady iteration time**: :func:`offsim.plan.time_bound.time_lower_bound`
-   (a bottleneck model over the GPU, each link, NVMe, DRAM and the CPU optimizer).
+2. **A lower bound on the steady iteration time**: :func:`offsim.plan.time_bound.time_lower_bound`,
+   the least work of the point's compiled schedule on each resource and stream (the GPU compute
+   stream, each PCIe direction, the NVMe array, DRAM, the CPU optimizer...) over its capacity
+   (:mod:`offsim.schedule.bound`). Only a point that fits is compiled for it
+   (:mod:`offsim.sweep.evaluate`).
 3. **Dominance.** A point is *clearly dominated* when an already simulated point of the same
    workload costs no more per hour and delivers at least the tokens/s that this point could at
    best reach (tokens per iteration / lower bound). Such a point can be neither faster nor
@@ -20,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from offsim.plan.time_bound import TimeBound, min_traffic_bytes, time_lower_bound
+from offsim.plan.time_bound import TimeBound, time_lower_bound
 
-__all__ = ["Frontier", "TimeBound", "min_traffic_bytes", "time_lower_bound"]
+__all__ = ["Frontier", "TimeBound", "time_lower_bound"]
 
 
 @dataclass
