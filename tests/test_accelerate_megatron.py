@@ -77,31 +77,44 @@ def test_user_files_run(name: str) -> None:
     assert m.iteration_time_s > 0
 
 
-def test_megatron_optimizer_offload_fraction() -> None:
-    r = read_strategy(str(DATA / "megatron_optimizer_offload.yaml"), load_workload("llama2-7b"))
+def test_megatron_optimizer_offload_maps_onto_the_megatron_offload_system() -> None:
+    """HybridDeviceOptimizer's switches become ``system: megatron-offload`` options; the state is
+    placed on the GPU and the system moves the CPU share itself (ZeRO-1: the distributed optimizer)."""
+    r = read_strategy(str(DATA / "megatron_optimizer_offload.yaml"))
     st = r.strategy
-    assert st.optimizer_device == "cpu" and st.placement.params == "gpu"
-    assert st.optimizer_gpu_fraction == pytest.approx(0.5)
-    assert st.sub_group_params == 4096 * 11008  # one tensor per CPU step (overlap_cpu_optimizer_d2h_h2d)
-    assert any("parameter-group order" in a for a in r.approximations)
-    with pytest.raises(ConfigError, match="no workload is given"):
-        read_strategy(str(DATA / "megatron_optimizer_offload.yaml"))
+    assert st.system == "megatron-offload" and st.zero_stage == 1 and st.optimizer_device == "gpu"
+    assert st.system_options == {"optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True,
+                                 "pin_cpu_grads": True, "pin_cpu_params": True}
+    assert st.placement.optimizer_states == "gpu"
+    assert any("equal tensors of one MLP matrix" in a for a in r.approximations)
+
+
+def test_megatron_pinning_switches() -> None:
+    args = ("--use-distributed-optimizer --use-precision-aware-optimizer --optimizer-cpu-offload "
+            "--no-pin-cpu-grads --no-pin-cpu-params")
+    opts = reading_from_megatron(args, "a.txt").strategy.system_options
+    assert (opts["pin_cpu_grads"], opts["pin_cpu_params"]) == (False, False)
 
 
 def test_megatron_defaults_differ_between_cli_and_config() -> None:
     """The command line's fraction defaults to 1.0, OptimizerConfig's to 0.0 (nothing offloaded)."""
     args = "--use-distributed-optimizer --use-precision-aware-optimizer --optimizer-cpu-offload"
-    assert reading_from_megatron(args, "a.txt").strategy.optimizer_device == "cpu"
+    assert reading_from_megatron(args, "a.txt").strategy.system_options["optimizer_offload_fraction"] == 1.0
     keys = {k.lstrip("-").replace("-", "_"): True for k in args.split()}
     r = reading_from_megatron(keys, "m.yaml")
-    assert r.strategy.optimizer_device == "gpu"
-    assert any("offloads nothing" in a or "nothing is offloaded" in a for a in r.approximations)
+    assert r.strategy.system_options["optimizer_offload_fraction"] == 0.0
+    assert any("nothing is offloaded" in a for a in r.approximations)
 
 
 def test_megatron_activation_offload_and_errors() -> None:
     r = read_strategy(str(DATA / "megatron_args.txt"))
-    act = r.strategy.policies.activations
-    assert getattr(act, "kind", "") == "per-block" and getattr(act, "offload", 0) == 1
+    st = r.strategy
+    assert st.system == "megatron-offload" and st.activation_checkpointing is False
+    assert st.system_options["activation_offload_layers"] == 1
+    assert st.system_options["optimizer_offload_fraction"] == 1.0  # the command line's default
+    alone = reading_from_megatron({"cpu_offloading_num_layers": 2}, "m.yaml").strategy
+    assert alone.system_options == {"activation_offload_layers": 2, "optimizer_offload_fraction": 0.0}
+    assert reading_from_megatron({"recompute_granularity": "full"}, "m.yaml").strategy.system == "custom"
     with pytest.raises(ConfigError, match="needs use_precision_aware_optimizer"):
         reading_from_megatron({"optimizer_cpu_offload": True}, "m.yaml")
     with pytest.raises(ConfigError, match="cannot be combined with recompute"):
@@ -109,6 +122,16 @@ def test_megatron_activation_offload_and_errors() -> None:
     with pytest.raises(ConfigError, match=r"unknown Megatron-Core key 'optimizer_cpu_ofload'; did you mean "
                                           r"'optimizer_cpu_offload'"):
         reading_from_megatron({"optimizer_cpu_ofload": True, "cpu_offloading": True}, "m.yaml")
+
+
+def test_megatron_file_runs_as_the_shipped_system_with_its_options() -> None:
+    """The options file and the shipped strategy with the same options simulate identically."""
+    from offsim import load_strategy
+
+    user = make_run_config("tiny", "tiny", str(DATA / "megatron_optimizer_offload.yaml"), iterations=2)
+    shipped = load_strategy("megatron-offload").model_copy(update={"system_options": user.strategy.system_options})
+    same = make_run_config("tiny", "tiny", shipped, iterations=2)
+    assert simulate(user).metrics.iteration_time_s == simulate(same).metrics.iteration_time_s
 
 
 def test_parse_arguments() -> None:

@@ -7,6 +7,11 @@ constraints are those of Megatron-LM ``d98e8a64dd`` (``../shared/reference/confi
 ``megatron/training/arguments.py`` (CLI), ``megatron/core/optimizer/optimizer_config.py``
 (``OptimizerConfig``), ``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py`` (the step)
 and ``megatron/core/transformer/transformer_config.py`` (activation offload and recompute).
+
+Optimizer offload (``optimizer_cpu_offload`` and its fraction, overlap and pinning switches) and
+layer-level activation offload (``cpu_offloading``, ``cpu_offloading_num_layers``) map onto
+``system: megatron-offload`` (:mod:`offsim.systems.megatron_offload`) with those switches as its
+``system_options``; without either, the options map onto the standard composition (recompute).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ MAPPED: dict[str, tuple[Any, Any, str]] = {
     "optimizer_cpu_offload": (False, False, OPT),
     "optimizer_offload_fraction": (1.0, 0.0, OPT),  # the CLI default is 1.0, OptimizerConfig's 0.0
     "overlap_cpu_optimizer_d2h_h2d": (False, False, OPT),
+    "pin_cpu_grads": (True, True, OPT),  # --no-pin-cpu-grads
+    "pin_cpu_params": (True, True, OPT),  # --no-pin-cpu-params
     "use_precision_aware_optimizer": (False, False, OPT),
     "use_distributed_optimizer": (False, False, ARGS),
     "cpu_offloading": (False, False, TC),
@@ -125,13 +132,11 @@ def _settings(opts: dict[str, Any], which: int) -> dict[str, Setting]:
             for k, d in MAPPED.items()}
 
 
-def _optimizer_fields(v: dict[str, Any], workload: Workload | None, source: str,
-                      approx: list[str]) -> dict[str, Any]:
-    """HybridDeviceOptimizer: the CPU steps ``optimizer_offload_fraction`` of the elements from
-    pinned fp32 copies; gradients go D2H at the start of ``step()``, updated masters H2D after."""
-    fields: dict[str, Any] = {"zero_stage": 1 if v["use_distributed_optimizer"] else 0}
+def _optimizer_options(v: dict[str, Any], source: str, approx: list[str]) -> dict[str, Any]:
+    """HybridDeviceOptimizer's knobs as :class:`offsim.systems.megatron_offload.Options` (none
+    without ``optimizer_cpu_offload``)."""
     if not v["optimizer_cpu_offload"]:
-        return fields
+        return {}
     if not (v["use_precision_aware_optimizer"] and v["use_distributed_optimizer"]):
         raise ConfigError(f"{source}: optimizer_cpu_offload needs use_precision_aware_optimizer and "
                           "use_distributed_optimizer (Megatron asserts both)")
@@ -141,33 +146,11 @@ def _optimizer_fields(v: dict[str, Any], workload: Workload | None, source: str,
     if f == 0.0:
         approx.append("optimizer_offload_fraction 0 (OptimizerConfig's default when the key is absent from a "
                       "config; the command line's is 1.0): nothing is offloaded, the optimizer stays on the GPU")
-        return fields
-    fields.update(optimizer_device="cpu", overlap_grad_offload=False, optimizer_swap_pipeline=False,
-                  placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
-    if f < 1.0:
-        fields["optimizer_gpu_fraction"] = 1.0 - f
-        approx.append(f"optimizer_offload_fraction {f:g}: Megatron offloads the first {f:g} of the elements in "
-                      "parameter-group order; offsim keeps the first part on the GPU instead (Twin-Flow's order)")
-    approx.append("gradients are copied to the host at the start of step(), not during backward; offsim copies "
-                  "each layer's gradients as backward produces them, blocking the GPU stream (overlap_grad_offload "
-                  "false)")
-    fields["sub_group_params"] = _sub_group(v, workload, source, approx)
-    return fields
-
-
-def _sub_group(v: dict[str, Any], workload: Workload | None, source: str, approx: list[str]) -> float:
-    """One CPU step over everything, or, with ``overlap_cpu_optimizer_d2h_h2d``, one per tensor
-    (simulated as sub-groups of one MLP matrix, ``hidden x ffn_hidden`` elements)."""
-    if not v["overlap_cpu_optimizer_d2h_h2d"]:
-        return 1e12  # one CPU optimizer, copies and step in series (hybrid_optimizer.py)
-    if workload is None:
-        raise ConfigError(f"{source}: overlap_cpu_optimizer_d2h_h2d steps one tensor at a time; offsim sizes "
-                          "those steps from the model (hidden x ffn_hidden) and no workload is given here: give "
-                          "the workload (-w/--workload)")
-    m = workload.model
-    approx.append(f"overlap_cpu_optimizer_d2h_h2d: one CPU optimizer per tensor, simulated as sub-groups of "
-                  f"{m.hidden} x {m.ffn_hidden} elements (one MLP matrix of workload {workload.name})")
-    return float(m.hidden * m.ffn_hidden)
+    else:
+        approx.append("the CPU share is stepped as equal tensors of one MLP matrix (hidden x ffn_hidden, or x "
+                      "expert_ffn_hidden for experts), not the model's own tensors")
+    return {"optimizer_offload_fraction": f, "overlap_cpu_optimizer_d2h_h2d": bool(v["overlap_cpu_optimizer_d2h_h2d"]),
+            "pin_cpu_grads": bool(v["pin_cpu_grads"]), "pin_cpu_params": bool(v["pin_cpu_params"])}
 
 
 def _recompute_fields(v: dict[str, Any], source: str, approx: list[str]) -> dict[str, Any]:
@@ -191,32 +174,49 @@ def _recompute_fields(v: dict[str, Any], source: str, approx: list[str]) -> dict
     return {"activation_checkpointing": True}
 
 
-def _activation_fields(v: dict[str, Any], source: str, approx: list[str]) -> dict[str, Any]:
+def _activation_options(v: dict[str, Any], source: str, approx: list[str]) -> dict[str, Any]:
     """Layer-level activation offload (TE ``get_cpu_offload_context``): the first
-    ``cpu_offloading_num_layers`` blocks keep their activations in host memory."""
+    ``cpu_offloading_num_layers`` blocks keep their saved activations in host memory (none
+    without ``cpu_offloading``)."""
     if not v["cpu_offloading"]:
-        return _recompute_fields(v, source, approx)
+        return {}
     if v["recompute_granularity"] is not None or v["recompute_activations"]:
         raise ConfigError(f"{source}: cpu_offloading cannot be combined with recompute (Megatron refuses it)")
     if v["cpu_offloading_weights"]:
-        approx.append("cpu_offloading_weights: offloading inactive weights is not expressible in offsim; "
-                      "the weights stay on the GPU")
+        approx.append("cpu_offloading_weights: a no-op on TransformerEngine's default path (weight offload is "
+                      "deprecated there); the weights stay on the GPU")
     n = int(v["cpu_offloading_num_layers"])
     if not v["cpu_offloading_activations"] or n == 0:
         approx.append("cpu_offloading offloads no activations here (cpu_offloading_activations false or "
                       "cpu_offloading_num_layers 0)")
-        return {"activation_checkpointing": False}
-    return {"activation_checkpointing": False,
-            "policies": {"activations": {"kind": "per-block", "offload": n, "tier": "cpu"}}}
+        return {"activation_offload_layers": 0}
+    return {"activation_offload_layers": n}
+
+
+def _system_fields(v: dict[str, Any], source: str, approx: list[str]) -> dict[str, Any]:
+    """``system: megatron-offload`` with its options when optimizer or activation offload is on
+    (ZeRO-1 with ``use_distributed_optimizer``, every state placed on the GPU: the system moves
+    the CPU share itself); else the recompute settings on the standard composition."""
+    fields: dict[str, Any] = {"zero_stage": 1 if v["use_distributed_optimizer"] else 0}
+    options = {**_optimizer_options(v, source, approx), **_activation_options(v, source, approx)}
+    if not options:
+        return {**fields, **_recompute_fields(v, source, approx)}
+    options.setdefault("optimizer_offload_fraction", 0.0)  # activation offload alone: the optimizer on the GPU
+    if v["cpu_offloading"]:
+        fields["activation_checkpointing"] = False
+    return {**fields, "system": "megatron-offload", "system_options": options, "pin_memory": True,
+            "placement": {"params": "gpu", "grads": "gpu", "optimizer_states": "gpu", "activations": "gpu"}}
 
 
 def reading_from_megatron(data: Any, source: str, workload: Workload | None = None) -> Reading:
-    """Megatron-Core options as offsim understands them (see the module docstring)."""
+    """Megatron-Core options as offsim understands them (see the module docstring); ``workload`` is
+    not needed (the system sizes its CPU tensors from the run's workload) and kept for the loader."""
+    del workload
     opts, which = _options(data, source)
     settings = _settings(opts, which)
     v = {k: s.value for k, s in settings.items()}
     approx: list[str] = []
-    fields = {**_optimizer_fields(v, workload, source, approx), **_activation_fields(v, source, approx)}
+    fields = _system_fields(v, source, approx)
     precision = {}
     if v["bf16"] or v["fp16"]:
         fmt = "bf16" if v["bf16"] else "fp16"
