@@ -168,7 +168,10 @@ class HybridOptimizer:
         start = b.add(Join(), self._t(Activity.OPTIMIZER, label="gradients home"), COMPUTE, reads=grads)
         copies = D2H if self.overlap else COMPUTE
         d2h = [b.add(t.d2h, self._t(Activity.OPT_D2H, g), copies, after=[start]) for g, t in enumerate(self.tensors)]
-        gpu = b.add(Delay(self.gpu_adam_s), self._t(Activity.OPTIMIZER, label="GPU FusedAdam (GPU share)"), COMPUTE)
+        gpu = start  # f = 1: no GPU share
+        if self.gpu_adam_s > 0:
+            gpu = b.add(Delay(self.gpu_adam_s), self._t(Activity.OPTIMIZER, label="GPU FusedAdam (GPU share)"),
+                        COMPUTE)
         last = self._overlapped(b, d2h, gpu) if self.overlap else self._serial(b, d2h, gpu)
         end = b.add(Join(), self._t(Activity.OPTIMIZER, label="waits for the last H2D"), COMPUTE, after=last)
         if self.gather is not None:
