@@ -11,7 +11,7 @@ from __future__ import annotations
 from offsim.config.run import RunConfig
 from offsim.errors import InfeasibleError
 from offsim.mechanisms.base import NEED_TIERS, sum_needs
-from offsim.plan.footprint import Footprint, StateSizes, capacities, state_sizes
+from offsim.plan.footprint import Footprint, StateSizes, capacities, gpu_margin, state_sizes
 from offsim.systems._compile import System
 from offsim.systems._registry import compose
 
@@ -40,8 +40,9 @@ def footprint(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
 
 
 def raise_if_over(fp: Footprint) -> Footprint:
-    """Raise :class:`~offsim.errors.InfeasibleError` naming the first tier over its capacity and
-    its three largest items; else return ``fp``."""
+    """Raise :class:`~offsim.errors.InfeasibleError` naming the first tier that does not fit
+    (:meth:`Footprint.first_overflow`) and its three largest items (the GPU with its margin); else return
+    ``fp``."""
     tier = fp.first_overflow()
     if tier is None:
         return fp
@@ -50,7 +51,7 @@ def raise_if_over(fp: Footprint) -> Footprint:
         items = {**fp.breakdown["host"], **fp.breakdown["host_pinned"]}
     parts = sorted(items.items(), key=lambda kv: -kv[1])[:3]
     detail = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in parts)
-    scope = "per GPU" if tier == "gpu" else "per node"
+    scope = f"per GPU; {gpu_margin(fp).sentence()}" if tier == "gpu" else "per node"
     raise InfeasibleError(tier, fp.need_bytes[tier], fp.capacity_bytes[tier], f"{scope}; largest: {detail}")
 
 

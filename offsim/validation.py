@@ -39,7 +39,9 @@ from offsim.config.run import RunConfig, make_run_config
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
 from offsim.errors import ConfigError
+from offsim.fit_check import footprint
 from offsim.metrics import RunMetrics
+from offsim.plan.footprint import gpu_margin
 
 HowRead = Literal["text", "table", "chart-approx", "derived", "log"]
 
@@ -282,6 +284,7 @@ class CaseResult:
     feasible: bool
     infeasible_reason: str | None
     measures: tuple[MeasureResult, ...] = field(default_factory=tuple)
+    gpu_margin: str | None = None  # the GPU verdict with its margin (plan.footprint.GpuMargin)
 
     @property
     def verdict_ok(self) -> bool:
@@ -307,7 +310,7 @@ class CaseResult:
         """One flat row per number (one row for a verdict-only case), for tables and CSV."""
         head = {"id": self.case.id, "role": self.case.role, "outcome": str(self.case.outcome),
                 "feasible": self.feasible, "verdict_ok": self.verdict_ok,
-                "infeasible_reason": self.infeasible_reason, "group": self.case.group,
+                "infeasible_reason": self.infeasible_reason, "gpu_margin": self.gpu_margin, "group": self.case.group,
                 "known_miss": self.case.known_miss, "citation": self.case.citation, "url": self.case.url}
         if not self.measures:
             return [{**head, "metric": "verdict", "kind": "verdict", "measured": None, "predicted": None,
@@ -345,9 +348,11 @@ def measure_results(case: ValidationCase, metrics: RunMetrics, cfg: RunConfig) -
 def run_case(case: ValidationCase) -> CaseResult:
     """Simulate one case and judge its verdict of fit and each of its numbers."""
     cfg = case_config(case)
-    metrics = simulate(cfg).metrics
+    result = simulate(cfg)
+    metrics = result.metrics
+    margin = gpu_margin(footprint(result.config)).sentence()
     return CaseResult(case=case, feasible=metrics.feasible, infeasible_reason=metrics.infeasible_reason,
-                      measures=measure_results(case, metrics, cfg))
+                      measures=measure_results(case, metrics, cfg), gpu_margin=margin)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES, ModelShape
+from offsim.core.units import GiB
 from offsim.plan.model import Layer, build_layers
 
 TIERS = ("gpu", "host_pinned", "host", "nvme", "pfs")
@@ -90,6 +92,68 @@ def _host_grad_bytes_per_param(cfg: RunConfig) -> float:
     return DTYPE_BYTES[pr.optimizer_grads]
 
 
+#: what PyTorch's pool holds beyond the live blocks, as a share of them (fixed-shape training):
+#: f = 0.04, range 0.02-0.06 from three steady-training OOM messages (gpu_memory.md §2.4, §4
+#: "Verdict rule"); cached whole segments are released before an OOM (CUDACachingAllocator.cpp
+#: malloc's retry chain, gpu_memory.md §4), so only the holes inside live segments count
+FRAGMENTATION_SHARE = 0.04
+#: half-range of that share (0.02) applied to the allocated bytes, gpu_memory.md §4
+FRAGMENTATION_HALF_RANGE = 0.02
+#: half-range of the memory outside PyTorch's pool per process (0.8-2.1 GiB around 1.45 GiB:
+#: context, NCCL, libraries; gpu_memory.md §2.4, §4): 0.65 GiB
+OUTSIDE_POOL_HALF_RANGE_BYTES = 0.65 * GiB
+#: the item the static state declares for memory outside PyTorch's pool (the profile's reserved_gib)
+OUTSIDE_POOL_ITEM = "reserved (CUDA context, allocator)"
+
+
+class GpuVerdict(StrEnum):
+    """The GPU verdict of gpu_memory.md §4: FIT if the spare is at least its uncertainty, OOM if
+    it is at most minus it, MARGINAL between (never rejected outright, Simulator rule 6)."""
+
+    FIT = "fits"
+    MARGINAL = "marginal"
+    OOM = "out of memory"
+
+
+@dataclass(frozen=True)
+class GpuMargin:
+    """One rank's GPU memory near the edge, gpu_memory.md §4 "Verdict rule" (bytes).
+
+    Attributes:
+        allocated_bytes: A, the peak of live blocks (the mechanisms' declared needs).
+        fragmentation_bytes: F = f x A, holes in live segments (:data:`FRAGMENTATION_SHARE`).
+        outside_bytes: O, memory outside PyTorch's pool (the profile's ``reserved_gib``).
+        total_bytes: T, the device's memory.
+    """
+
+    allocated_bytes: float
+    fragmentation_bytes: float
+    outside_bytes: float
+    total_bytes: float
+
+    @property
+    def spare_bytes(self) -> float:
+        """X = T - (A + F + O)."""
+        return self.total_bytes - (self.allocated_bytes + self.fragmentation_bytes + self.outside_bytes)
+
+    @property
+    def uncertainty_bytes(self) -> float:
+        """Y = 0.02 A + 0.65 GiB: the half-ranges of f and O."""
+        return FRAGMENTATION_HALF_RANGE * self.allocated_bytes + OUTSIDE_POOL_HALF_RANGE_BYTES
+
+    @property
+    def verdict(self) -> GpuVerdict:
+        x, y = self.spare_bytes, self.uncertainty_bytes
+        return GpuVerdict.FIT if x >= y else GpuVerdict.OOM if x <= -y else GpuVerdict.MARGINAL
+
+    def sentence(self) -> str:
+        """"fits with X ± Y GiB to spare" (or "short by"), what it counts, and the verdict."""
+        x, y = self.spare_bytes / GiB, self.uncertainty_bytes / GiB
+        how = f"fits with {x:.2f} ± {y:.2f} GiB to spare" if x >= 0 else f"short by {-x:.2f} ± {y:.2f} GiB"
+        return (f"{how} counting {FRAGMENTATION_SHARE:.0%} allocator fragmentation and "
+                f"{self.outside_bytes / GiB:.2f} GiB outside PyTorch's pool: {self.verdict.value}")
+
+
 @dataclass(frozen=True)
 class Footprint:
     """Estimated peak bytes per tier (gpu per rank; host and nvme per node) with a breakdown."""
@@ -99,11 +163,21 @@ class Footprint:
     breakdown: dict[str, dict[str, float]]
 
     def first_overflow(self) -> str | None:
-        """The first tier whose need exceeds its capacity, or None."""
+        """The first tier whose need exceeds its capacity, or the GPU when it is out of memory by
+        the allocator's margin though its needs fit (:class:`GpuMargin`); None when all fit."""
         for tier in TIERS:
             if self.need_bytes[tier] > self.capacity_bytes[tier]:
                 return tier
+            if tier == "gpu" and gpu_margin(self).verdict is GpuVerdict.OOM:
+                return tier
         return None
+
+
+def gpu_margin(fp: Footprint) -> GpuMargin:
+    """The GPU margin of ``fp``: A is every declared GPU need but the memory outside the pool."""
+    outside = fp.breakdown.get("gpu", {}).get(OUTSIDE_POOL_ITEM, 0.0)
+    allocated = fp.need_bytes["gpu"] - outside
+    return GpuMargin(allocated, FRAGMENTATION_SHARE * allocated, outside, fp.capacity_bytes["gpu"])
 
 
 def pfs_share(cfg: RunConfig) -> float:
