@@ -24,7 +24,10 @@ the fp32 main-grad buffer stay on the GPU for the whole model. ``step()``, after
   with it there is one CPU optimizer per tensor and the D2H copies run on a side stream, so the
   D2H of later tensors overlaps the host's AdamW, cast and H2D of earlier ones;
 * the compute stream waits for the last H2D (``record_event().wait``): nothing of the step
-  overlaps the next forward. ZeRO-1 then all-gathers the updated parameters (dp > 1).
+  overlaps the next forward. ZeRO-1 then all-gathers the updated parameters (dp > 1). The
+  gradients' reduction is the standard ZeRO-1 all-reduce of 16-bit gradients, which moves the
+  bytes of Megatron's reduce-scatter of fp32 main grads (bf16 runs reduce in fp32 by default:
+  ``megatron/training/arguments.py``, ``accumulate_allreduce_grads_in_fp32``).
 
 The CPU AdamW rate is derived, not measured: torch's fused CPU kernel
 (``aten/src/ATen/native/cpu/FusedAdamKernel.cpp``, ``adam_fused_step_impl``) makes one vectorised
