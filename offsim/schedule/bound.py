@@ -63,8 +63,9 @@ RES_NAMES: dict[Res, str] = {
 }
 _STREAM_NOUN = {StreamKind.GPU_COMPUTE: "GPU stream", StreamKind.COPY: "copy queue", StreamKind.AIO: "aio queue",
                 StreamKind.CPU: "CPU thread"}
-#: a cache's capacity is enforced to this relative slack (:meth:`offsim.engine.cache.Cache.cacheable`)
-_SLACK = 1e-6
+#: a cache's budget is enforced to this slack, relative and in bytes (``offsim/engine/cache.py``,
+#: ``_SLACK``, in :meth:`~offsim.engine.cache.Cache.cacheable` and ``_fits``)
+_SLACK = 1e-9
 
 #: work per term name: capacity units x seconds for a resource, seconds for a stream
 Work = dict[str, float]
