@@ -10,7 +10,8 @@ What moves, per FSDP unit (offsim: per layer) and rank, for an element of the ra
   workload's ``params``) on the GPU and all-gathered (``_fsdp_param.py`` ``all_gather_inputs``,
   ``_fsdp_collectives.py`` ``foreach_all_gather``). ``reshard_after_forward`` is the strategy's
   ``reuse_distance_params``: 0 frees the unit after forward (FSDP2's default for non-root modules);
-  at least the model's parameters keeps it gathered until backward (``False``).
+  at least the model's parameters keeps it gathered until backward (``False``; with gradient
+  accumulation also from one micro-batch to the next, which FSDP2 does not: see :func:`notes`).
 * After the unit's backward the gradient is reduce-scattered in ``reduce_dtype`` (the workload's
   ``grads``), cast to the original dtype on the GPU and copied down into pinned memory (4 B)
   (``_fsdp_collectives.py`` ``foreach_reduce``). When a gradient is already there (accumulation
@@ -28,7 +29,8 @@ moments (2 x 4 B, ``torch.zeros_like``: pageable): 16 B (new_systems.md section 
 Not modelled (each noted with its size where it matters): the GPU casts (fp32 -> param dtype
 before the all-gather, reduce dtype -> fp32 before the copy down: 6 B of HBM traffic per shard
 element, about 1/500 of the copies' time on PCIe 4); the fp32 shard's GPU copy before its cast
-(freed after the cast); the root module kept gathered after forward; PyTorch's
+(freed after the cast); the root module (embeddings, final norm, head) kept gathered after
+forward (offsim keeps the last layer, used again at once, and gathers the embedding again); PyTorch's
 CachingHostAllocator rounding each pinned tensor up to a power of two; the gloo all-reduce of the
 clipping norm (one scalar per tensor).
 
@@ -286,5 +288,19 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
              SiteKind.BACKWARD: BACKWARD_ORDER, SiteKind.ITERATION_END: (("params", Stage.DONE),),
              SiteKind.STEP: (("optimizer", Stage.RUN),)}
     return System(mechs, sites, len(c.layers), cfg.workload.training.grad_accumulation,  # type: ignore[arg-type]
-                  cfg.iterations, 1, (), tuple(lay.name for lay in c.layers))
+                  cfg.iterations, 1, notes(cfg), tuple(lay.name for lay in c.layers))
+
+
+#: Said about the schedule when units stay gathered after forward and micro-batches accumulate.
+KEPT_ACROSS_MICRO_BATCHES = (
+    "reshard_after_forward=False (reuse_distance_params > 0) with gradient accumulation: the gathered units also "
+    "stay from one micro-batch to the next, so each is copied up once per iteration; FSDP2 reshards every unit "
+    "after its backward and copies it up again in each micro-batch's forward (H2D under-counted by the number "
+    "of micro-batches)")
+
+
+def notes(cfg: RunConfig) -> tuple[str, ...]:
+    """What the schedule shown does not do as FSDP2 does (:data:`KEPT_ACROSS_MICRO_BATCHES`)."""
+    kept = cfg.strategy.reuse_distance_params > 0 and cfg.workload.training.grad_accumulation > 1
+    return (KEPT_ACROSS_MICRO_BATCHES,) if kept else ()
 
