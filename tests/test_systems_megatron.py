@@ -124,9 +124,12 @@ def test_first_blocks_activations_go_to_host_and_back() -> None:
     assert off.peak_bytes.gpu < base.peak_bytes.gpu
 
 
-def test_more_offloaded_layers_than_blocks_is_refused() -> None:
+def test_more_offloaded_layers_than_blocks_or_with_recompute_is_refused() -> None:
     with pytest.raises(ConfigError, match="activation_offload_layers 9 is more than the 4 transformer blocks"):
         simulate(make_run_config("tiny", "tiny", strategy(activation_offload_layers=9)))
+    recompute = strategy(activation_offload_layers=1).model_copy(update={"activation_checkpointing": True})
+    with pytest.raises(ConfigError, match="Megatron refuses CPU offloading with recomputation"):
+        simulate(make_run_config("tiny", "tiny", recompute))
 
 
 def test_a_misspelt_option_names_the_system_and_field() -> None:

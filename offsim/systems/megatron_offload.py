@@ -41,8 +41,8 @@ is not modelled. Both make the modelled step a lower estimate.
 **Activation offload** (``cpu_offloading``, TransformerEngine ``get_cpu_offload_context``): the
 tensors the first ``cpu_offloading_num_layers`` blocks save for backward go D2H into pinned host
 memory as forward produces them and come back H2D before that block's backward
-(``activation_offload_layers``). Megatron refuses it with recomputation (``TransformerConfig``), so
-the offloaded blocks are not recomputed here; the other blocks follow the workload's checkpointing.
+(``activation_offload_layers``). Megatron refuses it with recomputation (``TransformerConfig``), and
+so does this system: a run with activation checkpointing on is refused.
 Weight offload (``cpu_offloading_weights``) is a no-op on TE's default path and is not modelled.
 
 Mechanisms: compute, activations (the first blocks offloaded), gradients reduced on the GPU, the
@@ -292,8 +292,8 @@ def static_state(c: Ctx, o: Options) -> StaticState:
 
 def offloaded_activations(c: Ctx, o: Options) -> Ctx:
     """``c`` with the first ``activation_offload_layers`` blocks' saved activations in host memory
-    (pinned with the strategy's ``pin_memory``, as TE's buffers are) and not recomputed (TE's CPU
-    offload context; Megatron refuses recompute with it)."""
+    (pinned with the strategy's ``pin_memory``, as TE's buffers are; TE's CPU offload context).
+    Megatron refuses it with recomputation (``TransformerConfig.__post_init__``), and so does this."""
     n = o.activation_offload_layers
     if n == 0:
         return c
@@ -301,11 +301,14 @@ def offloaded_activations(c: Ctx, o: Options) -> Ctx:
     if n > len(blocks):
         raise ConfigError(f"strategy '{c.st.name}': activation_offload_layers {n} is more than the "
                           f"{len(blocks)} transformer blocks of workload '{c.cfg.workload.name}'")
+    if c.cfg.activation_checkpointing:  # transformer_config.py: "CPU offloading does not work when ..."
+        raise ConfigError(f"strategy '{c.st.name}': activation_offload_layers {n} with activation checkpointing "
+                          f"(workload '{c.cfg.workload.name}'): Megatron refuses CPU offloading with recomputation; "
+                          "set activation_checkpointing: false in the strategy")
     chosen = set(blocks[:n])
     offloads = tuple(lay.index in chosen for lay in c.layers)
     tiers = tuple(c.host if off else t for off, t in zip(offloads, c.act_tier, strict=True))
-    recompute = tuple(rc and not off for rc, off in zip(c.recompute, offloads, strict=True))
-    return replace(c, offloads=offloads, act_tier=tiers, recompute=recompute)
+    return replace(c, offloads=offloads, act_tier=tiers)
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
