@@ -153,6 +153,14 @@ def test_sweep_over_the_fraction(tmp_path) -> None:
     assert len(points) == 3 and times == sorted(times) and times[0] < times[-1]
 
 
+def test_compare_runs_it_beside_its_baseline() -> None:
+    """``offsim compare --strategies``: the system beside the no-offload baseline."""
+    out = CliRunner().invoke(app, ["compare", "-H", "tiny", "-w", "tiny", "--strategies", "megatron-offload,gpu-only",
+                                   "--quiet"])
+    assert out.exit_code == 0, out.output
+    assert "`gpu-only` is fastest" in out.output and "faster than `megatron-offload`" in out.output
+
+
 # ---------------------------------------------------------------- the headline
 def two_h100_nodes() -> object:
     """The Megatron-Bridge testbed, two H100 nodes: the shipped DGX-H100-class profile with
