@@ -183,9 +183,10 @@ def qwen3_on_16_gpus() -> object:
 #: §2 "Headline"): optimizer offload makes a step 1.9x to 4.2x slower than the same run without it,
 #: linearly in the fraction, and saves GPU memory linearly in it (Qwen3-30B-A3B, two H100 nodes).
 PUBLISHED_SLOWDOWN = (1.9, 4.2)
-#: Tolerance: a factor of 2 either side of the published range. The batch of the published runs
-#: is not in the headline (and their per-fraction tables are reserved for independent checking),
-#: and the slowdown scales with forward/backward time per step; this stand-in reaches 5.1x.
+#: Tolerance: a factor of 2 around the largest published slowdown, which belongs to the largest
+#: fraction ("linearly in the fraction"; the fractions and batch of the published runs are not in
+#: the headline, their per-fraction tables are reserved for independent checking, and the slowdown
+#: scales with forward/backward time per step). This stand-in reaches 5.09x at f = 1 (1.21x above 4.2).
 FACTOR = 2.0
 
 
@@ -196,8 +197,8 @@ def test_headline_slowdown_and_memory_over_the_fraction() -> None:
     times, gpu = [m.iteration_time_s for m in ms], [m.peak_bytes.gpu for m in ms]
     assert times == sorted(times) and gpu == sorted(gpu, reverse=True)
     slowdown = times[-1] / times[0]
-    lo, hi = PUBLISHED_SLOWDOWN
-    assert lo / FACTOR <= slowdown <= hi * FACTOR, slowdown
+    largest = PUBLISHED_SLOWDOWN[1]
+    assert largest / FACTOR <= slowdown <= largest * FACTOR, slowdown
     saved = [gpu[0] - g for g in gpu]
     extra = [t - times[0] for t in times]
     for f, s, e in zip(fractions, saved, extra, strict=True):  # "linearly in the fraction"
