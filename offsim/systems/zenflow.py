@@ -64,7 +64,7 @@ from offsim.plan import cpu_adam
 from offsim.plan.cpu_adam import RateOrigin
 from offsim.plan.footprint import StateSizes
 from offsim.plan.paths import UNCAPPED_BYTES_PER_S
-from offsim.schedule.ops import Alloc, Delay, Flow, Join, StreamSpec, Tag, TensorRef, Wait
+from offsim.schedule.ops import Alloc, Delay, Flow, Free, Join, StreamSpec, Tag, TensorRef, Wait
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
 from offsim.systems._parts import Ctx, build_ctx, optimizer_dram_bpp, standard, whole
@@ -189,6 +189,9 @@ def _is_select(it: int, s: int, warm: int) -> bool:
 def step_plans(o: Options, iterations: int, strategy: str = "zenflow") -> tuple[StepPlan, ...]:
     """The plan of each of ``iterations`` steps (pure: no configuration but the options)."""
     u, s, warm = update_interval(o, strategy), select_interval(o, strategy), o.full_warm_up_rounds
+    if s != 0 and s < u:  # engine.py:configure_zenflow raises the same
+        raise ConfigError(f"strategy '{strategy}': zenflow select interval {s} steps is below update_interval {u}; "
+                          "DeepSpeed requires select_interval >= update_interval")
     plans, submitted, window_start = [], False, True
     for it in range(iterations):
         boundary = _is_boundary(it, u, s, warm)
@@ -250,11 +253,16 @@ class ZenFlowStep:
                               StreamSpec(DOWN, StreamKind.COPY, in_order=False)))
 
     def footprint(self) -> tuple[Need, ...]:
-        """The selected columns' gradients and moments on the GPU (moments on the host with
-        ``offload``: there they are also held on the GPU around each selective step), the second
-        fp32 gradient buffer and the b16 accumulation buffer (pinned), ``stale_param`` and the
-        worker's second moment set (pageable): all held through the run."""
-        return tuple(Need(tier, what, n) for tier, items in self._held() for what, n in items)
+        """The selected columns' gradients and moments on the GPU (moments in pinned host memory
+        with ``offload``, brought to the GPU for each selective step: counted as held, the fit
+        check has no moment for the step), the second fp32 gradient buffer and the b16
+        accumulation buffer (pinned), ``stale_param`` and the worker's second moment set
+        (pageable): all held through the run."""
+        needs = [Need(tier, what, n) for tier, items in self._held() for what, n in items]
+        if self.moments_up is not None:  # counted as held: no moment of the footprint is "the step"
+            needs.append(Need(Tier.GPU, "selected moments brought in for the selective step (offload)",
+                              self.moments_up.nbytes))
+        return tuple(needs)
 
     def _held(self) -> tuple[tuple[Tier, tuple[tuple[str, int], ...]], ...]:
         return ((Tier.GPU, self.gpu_bytes), (Tier.HOST_PINNED, self.host_pinned_bytes),
@@ -303,11 +311,14 @@ class ZenFlowStep:
         gpu = MechanismId.GPU_OPTIMIZER
         if self.selected_broadcast is not None:
             b.add(self.selected_broadcast, self._t(Activity.GRAD_REDUCE, "selected gradients broadcast", gpu), COMPUTE)
-        if self.moments_up is not None:
+        moments = TensorRef(TensorKind.OPT_STATE, unit=-6)
+        if self.moments_up is not None:  # copy_mv_from_cpu: GPU copies, dropped after copy_mv_to_cpu
+            b.add(Alloc(Tier.GPU, self.moments_up.nbytes, moments), self._t(Activity.OPT_H2D, "", gpu), COMPUTE)
             b.add(self.moments_up, self._t(Activity.OPT_H2D, "selected moments in", gpu), COMPUTE)
         b.add(Delay(self.selective_s), self._t(Activity.OPTIMIZER, "selective AdamW (top-k columns)", gpu), COMPUTE)
         if self.moments_down is not None:
             b.add(self.moments_down, self._t(Activity.OPT_D2H, "selected moments out", gpu), COMPUTE)
+            b.add(Free(Tier.GPU, moments), self._t(Activity.OPT_D2H, "", gpu), COMPUTE)
 
     def _boundary(self, b: BlockBuilder, p: StepPlan, down: int) -> None:
         """The window's end: synchronous (step, then install) or overlapped (install the previous
@@ -370,8 +381,9 @@ def _held_bytes(c: Ctx, o: Options) -> dict[Tier, tuple[tuple[str, int], ...]]:
     moments = sz.optimizer_bytes_per_param - master
     selected = k * sz.params_total
     pinned = Tier.HOST_PINNED if c.st.pin_memory else Tier.HOST_PAGEABLE
-    gpu = [("selected columns' gradients (b16)", whole(selected * SELECTED_GRAD_BYTES)),
-           ("selected columns' moments (b16)", whole(selected * SELECTED_MOMENT_BYTES))]
+    gpu = [("selected columns' gradients (b16)", whole(selected * SELECTED_GRAD_BYTES))]
+    if not o.offload:
+        gpu.append(("selected columns' moments (b16)", whole(selected * SELECTED_MOMENT_BYTES)))
     host = [("stale_param (fp32 copy the worker writes)", whole(pr * master)),
             ("the worker's second moment set", whole(pr * moments))]
     pin = [("second fp32 gradient buffer (overlap_grad[1])", whole(pr * sz.host_grad_bytes_per_param)),
