@@ -2,9 +2,11 @@
 
 The DeepSpeed plugin (``distributed_type: DEEPSPEED``) becomes the ds_config Accelerate builds
 from it (or the ``deepspeed_config_file`` it names), read by :mod:`offsim.config.ds_config`.
-FSDP (``distributed_type: FSDP``) maps onto the closest ZeRO knobs: sharded parameters are ZeRO-3,
-``fsdp_offload_params`` is PyTorch's ``CPUOffloadPolicy`` (parameters, gradients and the optimizer
-step on the CPU), and what that mapping approximates is listed. Plain DDP (``NO``,
+FSDP (``distributed_type: FSDP``) maps onto the closest ZeRO knobs: sharded parameters are ZeRO-3;
+with ``fsdp_offload_params`` it is the ``fsdp2-cpu-offload`` system (PyTorch's ``CPUOffloadPolicy``:
+fp32 parameter shards, gradients and the optimizer step on the CPU,
+:mod:`offsim.systems.fsdp2_cpu_offload`), for FSDP2 and for FSDP1's ``CPUOffload``, whose data
+movement is the same to first order; what each mapping approximates is listed. Plain DDP (``NO``,
 ``MULTI_GPU``) keeps everything on the GPU. Keys, defaults and behaviour are those read in
 accelerate ``16cb6eb80d`` and PyTorch ``torch/distributed/fsdp/_fully_shard/``
 (``../shared/reference/config_formats.md`` §3-4); a key missing from the YAML takes the
@@ -222,15 +224,30 @@ _FSDP_DEFAULTS = {"fsdp_version": 1, "fsdp_offload_params": False, "fsdp_reshard
                   "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_activation_checkpointing": False,
                   "fsdp_auto_wrap_policy": "NO_WRAP"}
 
-#: What offsim approximates when FSDP offloads parameters (PyTorch ``CPUOffloadPolicy``).
+#: The system an FSDP config with ``fsdp_offload_params`` runs on.
+FSDP_OFFLOAD_SYSTEM = "fsdp2-cpu-offload"
+
+#: What offsim approximates when FSDP offloads parameters (PyTorch ``CPUOffloadPolicy``, system
+#: :data:`FSDP_OFFLOAD_SYSTEM`).
 FSDP_OFFLOAD_APPROXIMATIONS = (
-    "fsdp_offload_params: FSDP keeps each fp32 parameter shard on the CPU and copies it to the GPU before "
-    "every all-gather (4 B/param, cast there); offsim fetches the workload's 16-bit parameters and keeps a "
-    "16-bit host copy beside the fp32 master (DeepSpeed's layout: about 2 B/param more host memory than "
-    "FSDP's 16 B)",
-    "fsdp_offload_params: the optimizer step is torch AdamW on the CPU (no DeepSpeedCPUAdam), over the whole "
-    "shard after backward; offsim uses the hardware profile's CPU Adam rate (sub_group_params 1e12)",
+    "fsdp_offload_params: each fp32 parameter shard is copied up, cast and all-gathered per offsim layer (a "
+    "transformer block, the embedding, the head); FSDP does it per unit the auto-wrap policy makes and keeps "
+    "the root module (embedding, final norm, head) gathered after forward",
+    "fsdp_offload_params: the optimizer is torch AdamW on the CPU, the per-tensor loop torch picks for CPU "
+    "tensors (the Accelerate file does not name the optimizer; system_options optimizer: fused for "
+    "fused=True), with clip_grad_norm_ (the Trainer's max_grad_norm 1.0); its rate is derived from the DRAM "
+    "bytes of torch/optim/adam.py, not measured (strategies/fsdp2-cpu-offload.yaml)",
 )
+
+#: What FSDP1's offload adds to :data:`FSDP_OFFLOAD_APPROXIMATIONS`.
+FSDP1_OFFLOAD_APPROXIMATION = (
+    "fsdp_version 1: FSDP1's CPUOffload(offload_params=True) is simulated as FSDP2's CPUOffloadPolicy: the same "
+    "data movement to first order (the fp32 shard up, cast on the GPU, all-gather; reduce-scatter, the fp32 "
+    "gradient down into pinned memory, the optimizer on the CPU after backward; config_formats.md section 4); "
+    "not modelled: its flat parameters (one tensor per unit), the low-precision shard it keeps on the GPU under "
+    "mixed precision, fsdp_backward_prefetch / fsdp_forward_prefetch, and its gradient copy into a pre-allocated "
+    "pinned buffer, never blocking (FSDP2's blocks, then adds on the CPU, from the second accumulated "
+    "micro-batch)")
 
 
 def _fsdp_settings(cfg: dict[str, Any]) -> list[Setting]:
@@ -263,21 +280,20 @@ def fsdp_fields(cfg: dict[str, Any], source: str) -> tuple[dict[str, Any], list[
 
     Sharded parameters (``FULL_SHARD`` / ``reshard_after_forward: true``) are ZeRO-3 with a
     one-block prefetch (FSDP all-gathers the next group while one computes); ``SHARD_GRAD_OP`` /
-    ``false`` is ZeRO-2. With ``fsdp_offload_params`` parameters, gradients and optimizer state
-    live in pinned host memory and the CPU steps (``_fsdp_api.py`` ``CPUOffloadPolicy``).
+    ``false`` is ZeRO-2. With ``fsdp_offload_params`` it is the ``fsdp2-cpu-offload`` system
+    (:func:`fsdp_offload_fields`; ``_fsdp_api.py`` ``CPUOffloadPolicy``), FSDP1's offload included.
     """
     settings = _fsdp_settings(cfg)
     v = {s.key: s.value for s in settings}
     approx: list[str] = []
     stage = _fsdp_stage(v, source, approx)
-    fields: dict[str, Any] = {"zero_stage": stage, "reuse_distance_params": 0.0, "sub_group_params": 1e12}
     if v["fsdp_offload_params"]:
-        if stage != 3:
-            approx.append("fsdp_offload_params with parameters kept gathered after forward: offsim fetches them "
-                          "again in backward (simulated as full sharding)")
-        fields.update(zero_stage=3, optimizer_device="cpu", pin_memory=True, overlap_grad_offload=True,
-                      placement={"params": "cpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+        fields = fsdp_offload_fields(stage)
         approx += FSDP_OFFLOAD_APPROXIMATIONS
+        if int(v["fsdp_version"]) < 2:
+            approx.append(FSDP1_OFFLOAD_APPROXIMATION)
+    else:
+        fields = {"zero_stage": stage, "reuse_distance_params": 0.0, "sub_group_params": 1e12}
     fields["prefetch_depth"] = 1 if fields["zero_stage"] == 3 else 0
     if fields["zero_stage"] == 3 and str(v["fsdp_auto_wrap_policy"]).upper() == "NO_WRAP":
         approx.append("fsdp_auto_wrap_policy NO_WRAP: the whole decoder stack is one FSDP group, gathered at "
@@ -285,3 +301,20 @@ def fsdp_fields(cfg: dict[str, Any], source: str) -> tuple[dict[str, Any], list[
     if v["fsdp_activation_checkpointing"]:
         fields["activation_checkpointing"] = True
     return fields, settings, approx
+
+
+def fsdp_offload_fields(stage: int) -> dict[str, Any]:
+    """Strategy fields of FSDP with ``fsdp_offload_params`` (FSDP2: ``CPUOffloadPolicy()``, pinned,
+    Accelerate has no key to unpin it; FSDP1: always pinned; config_formats.md sections 3-4):
+    system :data:`FSDP_OFFLOAD_SYSTEM`, parameters, gradients and optimizer state in host memory.
+    ``stage`` 3 (``reshard_after_forward: true`` / ``FULL_SHARD``) frees each unit after forward
+    (reuse distance 0); 2 (``false`` / ``SHARD_GRAD_OP``) keeps it gathered until backward (a
+    reuse distance above any model's parameters). The system's own options keep their defaults
+    (the torch AdamW loop, clipping on)."""
+    return {"system": FSDP_OFFLOAD_SYSTEM, "zero_stage": 3, "optimizer_device": "cpu", "pin_memory": True,
+            "reuse_distance_params": 0.0 if stage == 3 else KEEP_GATHERED_PARAMS,
+            "placement": {"params": "cpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"}}
+
+
+#: A reuse distance (parameters) above any model's: a unit gathered in forward stays until backward.
+KEEP_GATHERED_PARAMS = 1e15
