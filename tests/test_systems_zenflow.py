@@ -8,10 +8,13 @@ against ``zero-offload`` on ``a100-80gb-pcie4`` (citation beside each factor).""
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 from typer.testing import CliRunner
 
 from offsim import load_profile, load_strategy, make_run_config, simulate
@@ -92,6 +95,43 @@ def test_warm_up_rounds_are_synchronous_full_updates() -> None:
 def test_options_deepspeed_refuses_or_offsim_cannot_model_are_refused(options: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         simulate(make_run_config("tiny", "tiny", zenflow(**options)))
+
+
+@given(u=hs.integers(1, 5), select=hs.integers(0, 12), warm=hs.integers(0, 4), extra=hs.integers(0, 12))
+def test_plan_invariants(u: int, select: int, warm: int, extra: int) -> None:
+    """Any window, reselection interval and warm-up: a window opens after every boundary (the
+    running sum goes up on every other step); every overlapped boundary but the first waits for
+    the worker step before it; only the last step may leave its window unsubmitted; boundaries
+    after the warm-up are at most u steps apart."""
+    s = 0 if select < u else select
+    o = Options(update_interval=u, select_strategy="step", select_interval=s or 10**6, overlap_step=True,
+                full_warm_up_rounds=warm)
+    plans = step_plans(o, warm + u + extra)
+    for k, p in enumerate(plans):
+        assert p.sums_up == (k > 0 and not plans[k - 1].boundary)
+        assert p.submits == (p.boundary and (p.synchronous or k < len(plans) - 1))
+    overlapped = [k for k, p in enumerate(plans) if p.boundary and not p.synchronous]
+    assert [k for k, p in enumerate(plans) if p.waits] == overlapped[1:]
+    after = [k for k in overlapped if k >= warm]
+    assert all(b - a <= u for a, b in zip([warm - 1, *after], after, strict=False))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(u=hs.integers(1, 4), extra=hs.integers(0, 5), overlap=hs.booleans())
+def test_every_submitted_step_runs_and_each_wait_follows_it(u: int, extra: int, overlap: bool) -> None:
+    """Simulated on tiny with a slow CPU: one worker Adam per submitted boundary, in order; the
+    wait of each overlapped boundary ends when the worker step submitted before it ends."""
+    iterations = u + 1 + extra
+    plans = step_plans(Options(update_interval=u, overlap_step=overlap), iterations)
+    r = run(slow_cpu_tiny(), "tiny", zenflow(update_interval=u, overlap_step=overlap), iterations, 1)
+    adam = spans(r, ADAM)
+    assert [s.iteration for s in adam] == [k for k, p in enumerate(plans) if p.submits]
+    assert all(a.end_s <= b.start_s + 1e-12 for a, b in pairwise(adam))
+    waits = spans(r, "waits for the previous window's CPU step")
+    assert len(waits) == sum(p.waits for p in plans)
+    for w in waits:
+        before = [a for a in adam if a.iteration < w.iteration]
+        assert w.end_s == pytest.approx(max(w.start_s, before[-1].end_s), abs=1e-12)
 
 
 # ------------------------------------------------------------------ the asynchronous window, by hand

@@ -30,8 +30,10 @@ so at most two worker steps are outstanding; the worker runs them one after the 
 steady rate is the one modelled here, where each boundary waits for the previous boundary's step
 (the paper's one-window lag).
 
-Modelled approximately: the per-step H2D of the running sum, the selected gradients' broadcast
-and the selective step are emitted after backward (in DeepSpeed they run per bucket inside it);
+Modelled approximately: the per-step H2D of the running sum, the boundary's fp32 D2H of the
+window gradient, the selected gradients' broadcast and the selective step are emitted after
+backward (in DeepSpeed they run per bucket inside it: a system's micro-batch ops are the same in
+every iteration, so what differs by window position is emitted with the step);
 1-D tensors (always fully selected) are counted at ``topk_ratio`` like the 2-D weights (they are
 < 0.1% of a 7B model's parameters). The ``auto`` update interval (a rule on gradient statistics)
 is not modelled: an integer ``update_interval`` is required. The last simulated step submits no
@@ -437,9 +439,10 @@ def notes(cfg: RunConfig, o: Options) -> tuple[str, ...]:
     """What the schedule's reader must know about this run's windows."""
     u = update_interval(o, cfg.strategy.name)
     steady = cfg.iterations - cfg.warmup_iterations
-    if o.overlap_step and steady % u != 0:
-        return (f"zenflow: the {steady} steady iterations hold no whole number of windows of update_interval {u}: "
-                f"the steady metrics sample a window unevenly (use warmup u and iterations u + k u)",)
+    if steady % u != 0:
+        return (f"zenflow: the {steady} steady iterations are not whole windows of update_interval {u}, so the "
+                "steady metrics over- or under-count the CPU step made once per window (run with warmup u and "
+                "u + k u iterations)",)
     return ()
 
 
