@@ -21,7 +21,7 @@ from offsim.engine.hooks import CachePolicy
 from offsim.errors import OffsimError
 from offsim.plan.time_bound import time_lower_bound
 from offsim.policies.lru import Lru
-from offsim.schedule.bound import COPY_ENGINES, GPU_COMPUTE, RES_NAMES, schedule_bound
+from offsim.schedule.bound import COPY_ENGINES, GPU_CHAIN, GPU_COMPUTE, RES_NAMES, schedule_bound
 from offsim.schedule.ops import (
     Access,
     Alloc,
@@ -32,6 +32,7 @@ from offsim.schedule.ops import (
     Flow,
     Flush,
     Free,
+    Join,
     Op,
     Ready,
     Repeat,
@@ -54,13 +55,15 @@ def _h2d(nbytes: int, cap_bytes_per_s: float = 2.0) -> Flow:
     return Flow(nbytes, ((Res.H2D, 1.0), (Res.DRAM, 1.0)), cap_bytes_per_s, (Link.H2D,), copy_engine=True)
 
 
-def _hand_schedule(iterations: int = 3) -> Schedule:
+def _hand_schedule(iterations: int = 3, gpu_waits: bool = False) -> Schedule:
     """Per iteration: 3 micro-batches of a 1 s kernel and an 8-byte copy (H2D capped at 2 B/s,
     a copy engine), then a step: 30 DRAM bytes of CPU Adam (0.5 of a parameter per byte on
-    ``cpu``, 2 DRAM bytes per byte) on the CPU thread."""
+    ``cpu``, 2 DRAM bytes per byte) on the CPU thread; with ``gpu_waits`` the GPU stream waits
+    for the step (DeepSpeed's step without the delayed parameter update)."""
     mb = Block("mb", (Op(0, Delay(1.0), TAG, "gpu"), Op(1, _h2d(8), FETCH, "h2d_q")))
     adam = Flow(30, ((Res.CPU, 0.5), (Res.DRAM, 2.0)), 1e30, (Link.CPU,))
-    step = Block("step", (Op(0, adam, TAG, "cpu_step"),))
+    wait = (Op(1, Join(), TAG, "gpu", after=(0,)),) if gpu_waits else ()
+    step = Block("step", (Op(0, adam, TAG, "cpu_step"), *wait))
     period = (Repeat("micro_batch", 3, (mb,)), step)
     return Schedule((Block("init", ()), Repeat("iteration", iterations, period)), STREAMS)
 
@@ -90,6 +93,21 @@ def test_the_engine_runs_the_hand_schedule_no_faster_than_the_bound() -> None:
     bound_s = schedule_bound(_hand_schedule(4), CAPACITY, copy_engines=2, iterations=[1, 2, 3]).seconds
     assert bound_s <= mean_s * (1 + 1e-12)
     assert mean_s == pytest.approx(46.0 / 3, rel=1e-9)
+
+
+def test_the_gpu_chain_counts_what_the_stream_waits_for() -> None:
+    """The GPU stream waits for the step each iteration: its chain is 3 x 1 s of kernels, then the
+    step's 10 s (nothing of the step can start before the GPU stream's earlier ops end: the
+    stream is the program counter), 13 s, above the copy queue's 12 s. Executed, iterations 1-3
+    start 13 s apart and the last ends at 52 s (its step), its copies at 51 s: 13 s each."""
+    b = schedule_bound(_hand_schedule(gpu_waits=True), CAPACITY, copy_engines=2)
+    assert (b.binding, b.seconds) == (GPU_CHAIN, pytest.approx(13.0))
+    assert b.terms_s[GPU_COMPUTE] == pytest.approx(3.0)
+    rec = Recorder()
+    Executor(_hand_schedule(4, gpu_waits=True), Machine(dict(CAPACITY), 1.0, 2, {}), {}, rec).run(
+        steady_shortcut=False)
+    starts = [*rec.iteration_starts_s, rec.end_s]
+    assert (starts[-1] - starts[1]) / 3 == pytest.approx(13.0, rel=1e-9)
 
 
 # ---------------------------------------------------------------- caches

@@ -46,13 +46,28 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from offsim.core.enums import CacheId, Res, StreamKind
-from offsim.schedule.ops import Access, Block, CacheSpec, Delay, Flow, Flush, Op, Ready, Repeat, Schedule
+from offsim.core.enums import CacheId, Res, StreamKind, TensorKind
+from offsim.schedule.ops import (
+    Access,
+    Block,
+    CacheSpec,
+    Choose,
+    Delay,
+    Flow,
+    Flush,
+    Op,
+    Ready,
+    Repeat,
+    Schedule,
+    TensorRef,
+)
 
 #: the term of the GPU's copy engines
 COPY_ENGINES = "GPU copy engines"
 #: the term of the stream that records stalls (the GPU's compute stream)
 GPU_COMPUTE = "GPU compute"
+#: the term of the GPU compute stream's ops and the chains of ops they wait for inside each block
+GPU_CHAIN = "GPU compute and its waits"
 
 #: the names terms of shared resources carry
 RES_NAMES: dict[Res, str] = {
@@ -109,6 +124,9 @@ class _Pricer:
         self.copy_engines = max(copy_engines, 1)
         self.stream_term = {s.name: GPU_COMPUTE if s.records_stalls else f"{_STREAM_NOUN[s.kind]} '{s.name}'"
                             for s in schedule.streams}
+        self.main = next((st.name for st in schedule.streams if st.records_stalls), None)
+        self.in_order = {st.name for st in schedule.streams if st.in_order}
+        self.shared_kinds = _program_written_kinds(schedule)
         self._blocks: dict[int, tuple[Block, Work]] = {}
 
     def flow_s(self, flow: Flow) -> float:
@@ -136,6 +154,14 @@ class _Pricer:
             out[self.stream_term[op.stream]] = seconds
         return out
 
+    def least_s(self, op: Op) -> float:
+        """The op's least duration: a kernel's seconds, a flow alone; 0 for the others (a wait
+        may find what it waits for done)."""
+        body = op.body
+        if isinstance(body, Delay):
+            return body.seconds
+        return self.flow_s(body) if isinstance(body, Flow) else 0.0
+
     def block(self, block: Block) -> Work:
         """What every op of ``block`` puts on each term (worked out once per template)."""
         got = self._blocks.get(id(block))
@@ -143,8 +169,37 @@ class _Pricer:
             work = Work()
             for op in block.ops:
                 _add(work, self.op(op))
+            if self.main is not None:
+                work[GPU_CHAIN] = self.chain_s(block)
             got = self._blocks[id(block)] = (block, work)
         return got[1]
+
+    def chain_s(self, block: Block) -> float:
+        """Least time from the block's issue to the end of its last op on the main stream.
+
+        The main stream is the engine's program counter (:meth:`offsim.engine.execute.Executor._advance`):
+        an op is issued once every main-stream op before it has ended, so none starts before the
+        main stream's earlier ops end; it waits besides for its ``after`` ops, the op before it
+        on its in-order stream and the writer in the block of what it reads (a tensor no
+        program writes, so that writer is its last). Waits on earlier blocks only add time."""
+        end: dict[int, float] = {}
+        last_on: dict[str, int] = {}
+        writer: dict[TensorRef, int] = {}
+        pc = 0.0
+        for op in block.ops:
+            deps = list(op.after)
+            if op.stream in self.in_order and op.stream in last_on:
+                deps.append(last_on[op.stream])
+            deps += [writer[r] for r in op.reads if r in writer and r.kind not in self.shared_kinds]
+            start = max([pc, *(end[d] for d in deps)])
+            end[op.id] = start + self.least_s(op)
+            if op.stream is not None:
+                last_on[op.stream] = op.id
+            for w in op.writes:
+                writer[w] = op.id
+            if op.stream == self.main:
+                pc = end[op.id]
+        return pc
 
     def seconds(self, work: Mapping[str, float]) -> dict[str, float]:
         """Work over capacity, per term (a resource missing on the machine is left out)."""
@@ -160,6 +215,17 @@ class _Pricer:
             else:
                 out[name] = w
         return out
+
+
+def _program_written_kinds(schedule: Schedule) -> set[TensorKind]:
+    """Kinds of tensors that programs run at run time write (caches' fetch and evict programs,
+    the choices' programs at their default option): a read of one may bind to such a write."""
+    blocks = [b for c in schedule.caches for progs in (c.fetch, c.evict) for b in progs.values()]
+    for choice in schedule.choices:
+        for block in schedule.blocks():
+            blocks += [choice.program(op.body.variant, choice.default) for op in block.ops
+                       if isinstance(op.body, Choose) and op.body.choice == choice.id]
+    return {w.kind for b in blocks for op in b.ops for w in op.writes}
 
 
 def _block_tally(pricer: _Pricer, block: Block, tally: _Tally, scope: dict[CacheId, set[int]]) -> None:
@@ -278,6 +344,8 @@ def iteration_work(schedule: Schedule, capacity: Mapping[str, float], copy_engin
                 _add(work, _cache_work(pricer, spec, tally))
             tallies[key] = work
         _add(total, tallies[key], 1.0 / len(chosen))
+    if total.get(GPU_CHAIN, 0.0) <= total.get(GPU_COMPUTE, 0.0) * (1 + 1e-12):
+        total.pop(GPU_CHAIN, None)  # the stream waits for nothing a block shows: its busy time says it
     return pricer.seconds(total)
 
 
