@@ -17,7 +17,14 @@ steady iteration lasts at least as long as the largest of these terms:
   :class:`~offsim.schedule.ops.Delay`'s seconds, a :class:`~offsim.schedule.ops.Flow` alone on
   the machine (its bytes over the least of its cap and each resource's capacity over its
   coefficient, :func:`offsim.engine.flows.fair_rates` with one flow);
-* **the GPU's copy engines**: the least durations of the flows that hold one, over their number.
+* **the GPU's copy engines**: the least durations of the flows that hold one, over their number;
+* **the GPU compute stream and what it waits for** (:data:`GPU_CHAIN`, shown when above the
+  stream's busy time): the engine issues an op only once every op of the compute stream before
+  it has ended (that stream is its program counter), so each block lasts at least the longest
+  chain of least durations from its issue to the end of its last compute-stream op, through
+  ``after`` ops, in-order stream predecessors and the block's own writers of what an op reads
+  (tensors no program writes). A step the GPU waits for (DeepSpeed's, without the delayed
+  parameter update) is counted this way; waits on earlier blocks only add time.
 
 Work left to run time counts at its least, from the schedule's specs alone:
 
