@@ -198,6 +198,17 @@ def test_pcie_bytes_per_window_are_the_code_paths() -> None:
     assert r.metrics.traffic_bytes.h2d == pytest.approx((2 * 3 + 2) / 4 * p, rel=1e-9)
 
 
+def test_with_a_one_step_window_only_the_fp32_gradient_goes_down() -> None:
+    """u = 1: every step is a window's only step, so DeepSpeed copies no b16 gradient
+    (``copy_grads_in_partition``: no accumulation for a lone backward), only the fp32 one (4 B
+    down), and the parameters come up every step (2 B); no host pass accumulates the gradient."""
+    p = 67_118_080
+    r = run("tiny", "tiny", zenflow(update_interval=1), iterations=5, warmup=1)
+    assert r.metrics.traffic_bytes.d2h == pytest.approx(4 * p, rel=1e-9)
+    assert r.metrics.traffic_bytes.h2d == pytest.approx(2 * p, rel=1e-9)
+    assert not [s for s in r.recorder.spans if s.kind == "grad_accumulate" and s.bytes > 0 and s.resource != "h2d"]
+
+
 def test_selected_columns_state_on_the_gpu_and_the_double_buffers_on_the_host() -> None:
     """Beyond ZeRO-Offload, ZenFlow holds on the GPU the selected columns' b16 gradients and two
     b16 moments (k P x 6 B), and on the host a second fp32 gradient buffer (4 B), the b16
@@ -215,15 +226,19 @@ def test_selected_columns_state_on_the_gpu_and_the_double_buffers_on_the_host() 
 
 
 # ------------------------------------------------------------------ headline
-HW, WL = "a100-80gb-pcie4", "llama2-7b"  # one A100 80GB PCIe (the blog's stall figures are on A100/H100)
+#: one A100 80GB PCIe and one H100 SXM5 (the blog places its stall figures on A100 and H100 nodes; the
+#: paper's testbed behind 5x is not confirmed, new_systems.md "Not confirmed"): shipped profiles
+TESTBEDS = ("a100-80gb-pcie4", "h100-sxm5-gen5")
 
 
-@pytest.fixture(scope="module")
-def headline() -> tuple[RunResult, RunResult]:
-    """llama2-7b (seq 4096, micro-batch 1) on one A100 80GB PCIe, 12 steps of which the last 8
-    (two whole windows of u = 4) are measured, the tutorial's configuration (topk 0.05, u 4,
-    overlap_step) against ZeRO-Offload."""
-    return (run(HW, WL, "zero-offload", iterations=12, warmup=4), run(HW, WL, "zenflow", iterations=12, warmup=4))
+@pytest.fixture(scope="module", params=TESTBEDS)
+def headline(request: pytest.FixtureRequest) -> tuple[RunResult, RunResult]:
+    """llama2-7b (seq 4096, micro-batch 1) on one GPU, 12 steps of which the last 8 (two whole
+    windows of u = 4) are measured, the tutorial's configuration (topk 0.05, u 4, overlap_step)
+    against ZeRO-Offload."""
+    hw = request.param
+    return (run(hw, "llama2-7b", "zero-offload", iterations=12, warmup=4),
+            run(hw, "llama2-7b", "zenflow", iterations=12, warmup=4))
 
 
 def idle_s(r: RunResult) -> float:
@@ -235,8 +250,8 @@ def idle_s(r: RunResult) -> float:
 
 def test_headline_speedup_over_zero_offload(headline: tuple[RunResult, RunResult]) -> None:
     """"Up to 5x end-to-end speedup" over ZeRO-Offload (arXiv 2505.12242, abstract). The paper's
-    testbed behind 5x is not confirmed (new_systems.md, Not confirmed): one A100 80GB PCIe, the
-    shipped profile, is used. Direction, and within a factor 2.5 of 5x: >= 2x (reached 2.71x)."""
+    testbed behind 5x is not confirmed (new_systems.md, Not confirmed). Direction, and within a
+    factor 2.5 of 5x: >= 2x (reached 2.73x on the A100, 2.98x on the H100)."""
     zo, zf = headline
     speedup = zo.metrics.iteration_time_s / zf.metrics.iteration_time_s
     assert 2.0 <= speedup <= 5.0 * 1.25
@@ -244,7 +259,7 @@ def test_headline_speedup_over_zero_offload(headline: tuple[RunResult, RunResult
 
 def test_headline_stalls_cut(headline: tuple[RunResult, RunResult]) -> None:
     """"Reduces GPU stalls by over 85%" (arXiv 2505.12242, abstract): GPU idle per step cut by
-    at least 70% (the residual within 2x of the paper's 15%); reached 84.9%."""
+    at least 70% (the residual within 2x of the paper's 15%); reached 85.4% (A100), 85.1% (H100)."""
     zo, zf = headline
     assert 1 - idle_s(zf) / idle_s(zo) >= 0.70
 

@@ -3,7 +3,9 @@
 asynchronous.
 
 Per step (an offsim iteration is one ZenFlow step, ``engine.step()``; ZenFlow sets DeepSpeed's
-``gradient_accumulation_steps`` to ``update_interval``, ``zenflow/engine.py:configure_zenflow``):
+``gradient_accumulation_steps`` to ``update_interval``, ``zenflow/engine.py:configure_zenflow``, so
+in DeepSpeed every forward/backward is a step: a workload with several micro-batches per iteration
+is taken here as one step over all of them):
 
 * the top-k columns by column |g| sum (``topk_ratio`` of every 2-D weight) are updated on the GPU
   by a selective AdamW over b16 moments (``ops/adam/zenflow_torch_adam.py``), after the owners
@@ -61,7 +63,7 @@ from offsim.core.enums import Activity, Link, MechanismId, Phase, Res, StreamKin
 from offsim.errors import ConfigError
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
-from offsim.mechanisms.grads import grad_home
+from offsim.mechanisms.grads import Grads, grad_home
 from offsim.plan import cpu_adam
 from offsim.plan.cpu_adam import RateOrigin
 from offsim.plan.footprint import StateSizes
@@ -446,6 +448,22 @@ def notes(cfg: RunConfig, o: Options) -> tuple[str, ...]:
     return ()
 
 
+#: a host-side op that moves nothing: the gradient lands in the pinned accumulation buffer as is
+NO_HOST_PASS = Flow(0, ((Res.DRAM, 1.0),), UNCAPPED_BYTES_PER_S, (Link.DRAM_COPY,))
+
+
+def window_grads(grads: Grads, u: int, micro_batches: int) -> Grads:
+    """ZeRO-Offload's gradient path as ZenFlow runs it: the partition's b16 gradient (the running
+    sum) is copied into the pinned buffer each step and added to on the GPU, not on the host
+    (``stage_1_and_2.py:async_accumulate_grad_in_cpu_via_gpu``), so no host accumulation pass;
+    with u = 1 (and one micro-batch) every step is a window's first and last, so only the fp32
+    copy goes down (``copy_grads_in_partition`` skips the b16 one for a lone backward)."""
+    lone = u == 1 and micro_batches == 1
+    return replace(grads, layers=tuple(replace(g, accumulate_first=NO_HOST_PASS, accumulate=NO_HOST_PASS,
+                                               d2h=None if lone else g.d2h) if g.offloaded else g
+                                       for g in grads.layers))
+
+
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """ZeRO-Offload's mechanisms with ZenFlow's step in place of the CPU optimizer; every step
     differs (window position, last step), so each iteration has its own step block."""
@@ -453,7 +471,10 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     o = read_options(cfg.strategy, Options)
     c = build_ctx(cfg, sz)
     base = standard(c)
-    mechs = {**base.mechanisms, "optimizer": zenflow_step(c, o)}
+    grads = base.mechanisms["grads"]
+    assert isinstance(grads, Grads)
+    u = update_interval(o, cfg.strategy.name)
+    mechs = {**base.mechanisms, "grads": window_grads(grads, u, base.micro_batches), "optimizer": zenflow_step(c, o)}
     sites = {**base.sites, SiteKind.INIT: (*base.sites[SiteKind.INIT], ("optimizer", Stage.RUN))}
     return replace(base, mechanisms=mechs, sites=sites, step_period=max(1, cfg.iterations - 1),  # type: ignore[arg-type]
                    notes=base.notes + notes(cfg, o))
