@@ -134,7 +134,7 @@ class _Pricer:
         self.main = next((st.name for st in schedule.streams if st.records_stalls), None)
         self.in_order = {st.name for st in schedule.streams if st.in_order}
         self.shared_kinds = _program_written_kinds(schedule)
-        self._blocks: dict[int, tuple[Block, Work]] = {}
+        self._blocks: dict[tuple[int, bool], tuple[Block, Work]] = {}
 
     def flow_s(self, flow: Flow) -> float:
         """The flow alone on the machine: its bytes over its fastest rate."""
@@ -144,68 +144,70 @@ class _Pricer:
                 rate = min(rate, self.capacity[str(res)] / coef)
         return flow.nbytes / rate if rate > 0 else 0.0
 
-    def op(self, op: Op) -> Work:
-        """What one op puts on each term."""
+    def op(self, op: Op) -> tuple[Work, float]:
+        """What one op puts on each term, and its least duration (a kernel's seconds, a flow
+        alone; 0 for the others: a wait may find what it waits for done)."""
         body, out = op.body, Work()
         if isinstance(body, Delay):
             seconds = body.seconds
         elif isinstance(body, Flow):
             seconds = self.flow_s(body)
             for res, coef in body.usage:
-                out[RES_NAMES[Res(res)]] = out.get(RES_NAMES[Res(res)], 0.0) + coef * body.nbytes
+                name = RES_NAMES[res]
+                out[name] = out.get(name, 0.0) + coef * body.nbytes
             if body.copy_engine:
                 out[COPY_ENGINES] = seconds
         else:
-            return out
+            return out, 0.0
         if op.stream is not None and op.stream in self.stream_term:
             out[self.stream_term[op.stream]] = seconds
-        return out
+        return out, seconds
 
-    def least_s(self, op: Op) -> float:
-        """The op's least duration: a kernel's seconds, a flow alone; 0 for the others (a wait
-        may find what it waits for done)."""
-        body = op.body
-        if isinstance(body, Delay):
-            return body.seconds
-        return self.flow_s(body) if isinstance(body, Flow) else 0.0
-
-    def block(self, block: Block) -> Work:
-        """What every op of ``block`` puts on each term (worked out once per template)."""
-        got = self._blocks.get(id(block))
+    def block(self, block: Block, chain: bool = False) -> Work:
+        """What every op of ``block`` puts on each term (worked out once per template); with
+        ``chain``, the main stream's chain through it too (:meth:`chain_s`)."""
+        key = (id(block), chain)
+        got = self._blocks.get(key)
         if got is None:
-            work = Work()
+            work, least = Work(), []
             for op in block.ops:
-                _add(work, self.op(op))
-            if self.main is not None:
-                work[GPU_CHAIN] = self.chain_s(block)
-            got = self._blocks[id(block)] = (block, work)
+                w, s = self.op(op)
+                _add(work, w)
+                least.append(s)
+            if chain and self.main is not None:
+                work[GPU_CHAIN] = self.chain_s(block, least)
+            got = self._blocks[key] = (block, work)
         return got[1]
 
-    def chain_s(self, block: Block) -> float:
-        """Least time from the block's issue to the end of its last op on the main stream.
+    def chain_s(self, block: Block, least_s: Sequence[float]) -> float:
+        """Least time from the block's issue to the end of its last op on the main stream
+        (``least_s``: each op's least duration).
 
         The main stream is the engine's program counter (:meth:`offsim.engine.execute.Executor._advance`):
         an op is issued once every main-stream op before it has ended, so none starts before the
         main stream's earlier ops end; it waits besides for its ``after`` ops, the op before it
         on its in-order stream and the writer in the block of what it reads (a tensor no
         program writes, so that writer is its last). Waits on earlier blocks only add time."""
-        end: dict[int, float] = {}
+        end: list[float] = []
         last_on: dict[str, int] = {}
         writer: dict[TensorRef, int] = {}
         pc = 0.0
         for op in block.ops:
-            deps = list(op.after)
+            start = pc
+            for d in op.after:
+                start = max(start, end[d])
             if op.stream in self.in_order and op.stream in last_on:
-                deps.append(last_on[op.stream])
-            deps += [writer[r] for r in op.reads if r in writer and r.kind not in self.shared_kinds]
-            start = max([pc, *(end[d] for d in deps)])
-            end[op.id] = start + self.least_s(op)
+                start = max(start, end[last_on[op.stream]])
+            for r in op.reads:
+                if r in writer and r.kind not in self.shared_kinds:
+                    start = max(start, end[writer[r]])
+            end.append(start + least_s[op.id])
             if op.stream is not None:
                 last_on[op.stream] = op.id
             for w in op.writes:
                 writer[w] = op.id
             if op.stream == self.main:
-                pc = end[op.id]
+                pc = end[-1]
         return pc
 
     def seconds(self, work: Mapping[str, float]) -> dict[str, float]:
@@ -236,7 +238,7 @@ def _program_written_kinds(schedule: Schedule) -> set[TensorKind]:
 
 
 def _block_tally(pricer: _Pricer, block: Block, tally: _Tally, scope: dict[CacheId, set[int]]) -> None:
-    _add(tally.work, pricer.block(block))
+    _add(tally.work, pricer.block(block, chain=True))
     for op in block.ops:
         body = op.body
         if isinstance(body, Access | Ready):
