@@ -12,7 +12,15 @@ Each round starts, one after the other, a fresh interpreter for each of:
 * ``offsim --help`` (start-up and the listing of every command, no simulation);
 
 and prints, per process, the median wall time and the median CPU time (user + system of the
-child) over the rounds, and each as a ratio to the baseline's. ``--rev`` (repeatable) adds the two
+child) over the rounds, and each as a ratio to the baseline's.
+
+Bytecode: every process reads its modules' compiled bytecode from one cache folder made for the
+run (``PYTHONPYCACHEPREFIX``; the warm-up round fills it), as an installed package does from its
+``__pycache__``. A process started with ``PYTHONDONTWRITEBYTECODE=1`` (this project's sandbox
+sets it) and no cache compiles every offsim module from source at each start (~0.14 s of the
+0.55 s measured so before 2026-11-25) while the baseline's packages read the ``.pyc`` files pip
+wrote: the row ``offsim run (source compiled at start)`` measures that condition in the same
+rounds. ``--rev`` (repeatable) adds the two
 offsim processes of a ``git archive`` of that revision (run in it, on ``PYTHONPATH``) to every round. Interleaving
 the rounds lets all of them see the same load on a shared machine. Prints figures only; nothing
 here asserts a timing (``tests/test_cli.py`` checks what start-up imports).
@@ -43,6 +51,11 @@ PROCESSES = {
     "offsim run (main example)": ["-c", ENTRY, "run", *MAIN_EXAMPLE, "-q"],
     "offsim --help": ["-c", ENTRY, "--help"],
 }
+#: the process run without the bytecode cache (``-B``: offsim compiled from source at each start,
+#: the other packages read from their own ``__pycache__``)
+NO_CACHE = "offsim run (source compiled at start)"
+#: the bytecode cache of every process of a run (set by :func:`main`)
+PYCACHE: dict[str, str] = {}
 
 
 def _children_cpu_s() -> float:
@@ -56,7 +69,13 @@ Process = tuple[list[str], Path]  # argv after the interpreter; the tree it runs
 def timed(process: Process) -> tuple[float, float]:
     """(wall s, CPU s) of one fresh interpreter; fails if it exits non-zero."""
     argv, tree = process
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    env["PYTHONPATH"] = str(tree)
+    if argv[0] == "-B":  # the installed packages' own .pyc files; offsim's tree has none and gets none
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        argv = argv[1:]
+    else:
+        env |= PYCACHE
     cpu0, wall0 = _children_cpu_s(), time.perf_counter()
     subprocess.run([sys.executable, *argv], check=True, capture_output=True, cwd=tree, env=env)
     return time.perf_counter() - wall0, _children_cpu_s() - cpu0
@@ -66,6 +85,7 @@ def processes(trees: dict[str, Path]) -> dict[str, Process]:
     """The processes of a round: :data:`PROCESSES` in this working tree, and the offsim ones in
     each revision's tree of ``trees``."""
     out: dict[str, Process] = {name: (argv, REPO) for name, argv in PROCESSES.items()}
+    out[NO_CACHE] = (["-B", *PROCESSES["offsim run (main example)"]], REPO)
     for rev, tree in trees.items():
         out |= {f"{name} @ {rev}": (argv, tree) for name, argv in PROCESSES.items() if name != "bare imports"}
     return out
@@ -99,6 +119,7 @@ def main() -> None:
                     help="also measure the offsim processes of this git revision (repeatable)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        PYCACHE["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         trees = {rev: archive(rev, Path(tmp) / str(i)) for i, rev in enumerate(args.rev)}
         figures = measure(args.rounds, processes(trees))
     if args.json:
