@@ -139,7 +139,7 @@ class Candidate:
         status: ``ok`` (simulated), ``infeasible`` (does not fit, or a policy failed) or
             ``pruned`` (its lower bound is no better than the best simulated time).
         reason: why it is infeasible or pruned; empty when ``ok``.
-        lower_bound_s: closed-form lower bound on the iteration time, seconds.
+        lower_bound_s: the compiled schedule's lower bound on the iteration time, seconds.
         iteration_time_s: simulated steady iteration time, seconds (``ok`` only).
         tokens_per_s: simulated throughput (``ok`` only).
         peak_gpu_bytes: simulated peak GPU memory per GPU (``ok`` only).
@@ -318,7 +318,7 @@ def search(hardware: str | HardwareProfile, workload: str | Workload,
     """Find the fastest ProTrain configuration of ``grid`` for a profile and workload.
 
     The base strategy is simulated first as the incumbent; then the grid, checked for fit,
-    bounded below in closed form, and simulated in order of the bound with branch-and-bound
+    bounded below by its compiled schedule, and simulated in order of the bound with branch-and-bound
     pruning (module docstring). Returns the best candidate (the base when nothing beats it),
     the base, and every candidate with its status and reason.
 
