@@ -188,13 +188,14 @@ def gpt(layers: int, hidden: int, dp: int) -> object:
     return wl.model_copy(update={"model": model, "training": wl.training.model_copy(update={"data_parallel": dp})})
 
 
-@pytest.mark.parametrize("strategy", ["gemini", "gemini-static"])
+@pytest.mark.parametrize(("strategy", "options"), [
+    ("gemini", {}), ("gemini-static", {}), ("gemini-static", {"shard_param_frac": 0.5}),
+    ("gemini-static", {"offload_param_frac": 0.5})])
 @pytest.mark.parametrize("prefetch", [0, 2])
-def test_sharded_runs_hold_no_more_than_declared(strategy: str, prefetch: int) -> None:
-    """8 ranks on PatrickStar's node (gathers, reduce-scatters, chunk windows): the engine's peak
-    per tier never exceeds the mechanisms' declared footprint; the gathers move (dp-1)/dp of
-    every chunk per pass."""
-    r = metrics(gemini(strategy, max_prefetch=prefetch), "patrickstar-8xv100", gpt(8, 2048, 8))
+def test_sharded_runs_hold_no_more_than_declared(strategy: str, options: dict[str, float], prefetch: int) -> None:
+    """8 ranks on PatrickStar's node (gathers, reduce-scatters, chunk windows, held and offloaded
+    shards): the engine's peak per tier never exceeds the mechanisms' declared footprint."""
+    r = metrics(gemini(strategy, max_prefetch=prefetch, **options), "patrickstar-8xv100", gpt(8, 2048, 8))
     need = footprint(r.config).need_bytes
     for tier in ("gpu", "host_pinned", "host"):
         assert getattr(r.metrics.peak_bytes, tier) <= need[tier] * (1 + 1e-9) + 1, tier
@@ -285,3 +286,49 @@ def test_a_sweep_over_the_static_fraction(tmp_path) -> None:
     times = [p["iteration_time_s"] for p in sorted(points, key=lambda p: p[axis])]
     assert [p["status"] for p in points] == ["ok"] * 3
     assert times[0] < times[1] < times[2]
+
+
+# ---------------------------------------------------------------- sharding and HybridAdam, by hand
+def tiny_over(dp: int) -> object:
+    wl = load_workload("tiny")
+    return wl.model_copy(update={"training": wl.training.model_copy(update={"data_parallel": dp})})
+
+
+@pytest.mark.parametrize(("shard_frac", "gathers"), [(1.0, 9), (0.5, 6)])
+def test_held_chunks_are_not_gathered_again_in_backward(shard_frac: float, gathers: int) -> None:
+    """Two ranks, the five 16,777,216-element chunks (even, so no rounding): a gather or a
+    reduce-scatter moves (2 - 1) / 2 x 2 B x 16,777,216 = 16,777,216 B of ring traffic per rank.
+    Sharded (``shard_param_frac`` 1): forward gathers 5, backward 4 (chunk 4 spans the last layer and
+    stays across the turn), 5 reductions: 14 C. ``shard_param_frac`` 0.5: chunks 0-2 (the first up
+    to half of chunk memory) stay gathered from forward to their reduction, backward gathers only
+    chunk 3: 5 + 1 + 5 = 11 C. Static, no offload (Colossal's defaults)."""
+    st = gemini(chunk_size_m=16.0, offload_optim_frac=0.0, shard_param_frac=shard_frac)
+    r = metrics(st, "patrickstar-8xv100", tiny_over(2))
+    assert r.metrics.traffic_bytes.gpu_link == (gathers + 5) * CHUNK
+
+
+def test_a_small_model_is_one_replicated_chunk() -> None:
+    """Under ``min_chunk_size_m`` (128 Mi > 67,118,080 parameters) the model is one chunk kept
+    gathered on both ranks: no gather, its gradients all-reduced (2 x 1/2 x 2 B x 67,118,080 =
+    134,236,160 B per rank), and each rank holds and updates the whole chunk (fp32 master 4 B and
+    moments 8 B per parameter on the GPU, static defaults)."""
+    r = metrics(gemini(min_chunk_size_m=128.0, offload_optim_frac=0.0), "patrickstar-8xv100", tiny_over(2))
+    assert r.metrics.traffic_bytes.gpu_link == 134_236_160
+    gpu = footprint(r.config).breakdown["gpu"]
+    assert gpu["16-bit chunk shards (Gemini)"] == 2 * 67_118_080
+    assert gpu["fp32 master chunk shards"] == 4 * 67_118_080 and gpu["Adam moments"] == 8 * 67_118_080
+
+
+@pytest.mark.parametrize(("grads", "bytes_per_param"), [("bf16", 86), ("fp16", 26)])
+def test_cpu_adam_moves_more_dram_for_bf16_gradients(grads: str, bytes_per_param: int) -> None:
+    """HybridAdam runs torch ops for bf16 gradients ("cpu adam kernel does not support bf16 now",
+    hybrid_adam.py): 86 B of DRAM per parameter (one ATen pass per op, weight decay 0) against the
+    SIMD kernel's 26 B. On ``tiny`` with DRAM at 10 GB/s (below the CPU's 1e9 params/s x bytes) the
+    CPU step over all 67,118,080 parameters takes 67,118,080 x bytes / 1e10 s."""
+    wl = load_workload("tiny")
+    wl = wl.model_copy(update={"precision": wl.precision.model_copy(update={"params": grads, "grads": grads,
+                                                                            "compute": grads})})
+    cfg = make_run_config("tiny", wl, gemini(), iterations=3)
+    hw = cfg.hardware.model_copy(update={"dram": cfg.hardware.dram.model_copy(update={"bandwidth_gb_per_s": 10.0})})
+    r = simulate(cfg.model_copy(update={"hardware": hw}))
+    assert r.metrics.cpu_optimizer_busy_s == pytest.approx(67_118_080 * bytes_per_param / 1e10, rel=1e-9)

@@ -7,9 +7,10 @@ the chunks holding its parameters are brought to the GPU and all-gathered; once 
 operator needs them they are scattered back to their shards. When a chunk's gradients are
 complete (backward) it is reduce-scattered and its gradient shard goes to the device of its
 optimizer state. ``HybridAdam`` then steps every shard where it lives, after backward: CPU Adam
-(Colossal's SIMD kernel) for CPU-resident chunks, a fused GPU Adam for GPU-resident ones. The
-16-bit copy of a CPU-updated shard is not refreshed on the CPU: at its next access its fp32 master
-shard is copied H2D (4 B per element) and cast on the GPU.
+(Colossal's SIMD kernel; torch ops when gradients are bf16) for CPU-resident chunks, then one
+fused GPU Adam for GPU-resident ones. The 16-bit copy of a CPU-updated shard is not refreshed on
+the CPU: at its next access its fp32 master shard is copied H2D (4 B per element) and cast on the
+GPU.
 
 Sources (``../shared/reference/new_systems.md`` §4, read at ``hpcaitech/ColossalAI`` 4f9953be33):
 ``colossalai/zero/gemini/chunk/search_utils.py`` (chunk-size search), ``chunk/manager.py``
@@ -27,7 +28,8 @@ gathered at the first layer that uses it in a pass and released after the last; 
 policy's chunk choice (a set's order in Colossal) is taken in first-use order; the auto policy's
 run-time OPT eviction is its steady state: the chunk shards that do not fit beside the non-model
 data's peak are fetched at each use, those that fit stay; every micro-batch reduces and offloads
-(no ``no_sync`` accumulation); the CPU and GPU halves of HybridAdam run side by side.
+(no ``no_sync`` accumulation); HybridAdam's optional NVMe share (``nvme_offload_fraction``) is
+left out.
 """
 
 from __future__ import annotations
@@ -47,12 +49,10 @@ from offsim.config.workload import DTYPE_BYTES
 from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, sum_needs, tag
 from offsim.mechanisms.compute import COMPUTE, grad16
-from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GroupIO
-from offsim.mechanisms.gpu_optimizer import GpuOptimizer
 from offsim.mechanisms.grads import grad_home
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan.footprint import StateSizes, layer_tensors
-from offsim.schedule.ops import Acquire, Alloc, Flow, Free, Join, PoolSpec, Release, StreamSpec, TensorRef, Wait
+from offsim.schedule.ops import Acquire, Alloc, Delay, Flow, Free, Join, PoolSpec, Release, StreamSpec, TensorRef, Wait
 from offsim.systems._compile import System
 from offsim.systems._parts import Ctx, activations, build_ctx, compute, whole
 
@@ -185,11 +185,13 @@ def model_chunks(cfg: RunConfig, sz: StateSizes, opt: Options) -> tuple[Chunk, .
 @dataclass(frozen=True)
 class Placement:
     """Per chunk: its 16-bit shard on the CPU; its optimizer state (fp32 master, moments,
-    gradient shard) on the CPU; kept gathered on the GPU (not sharded)."""
+    gradient shard) on the CPU; held gathered from its forward access until its gradients are
+    reduced (the static policy's 1 - ``shard_param_frac``: not scattered after forward, so
+    backward does not gather it again)."""
 
     shard_on_cpu: tuple[bool, ...]
     optim_on_cpu: tuple[bool, ...]
-    gathered: tuple[bool, ...]
+    held: tuple[bool, ...]
 
 
 def first_chunks(chunks: Sequence[Chunk], frac: float) -> tuple[bool, ...]:
@@ -205,12 +207,16 @@ def first_chunks(chunks: Sequence[Chunk], frac: float) -> tuple[bool, ...]:
 
 def static_placement(chunks: Sequence[Chunk], opt: Options) -> Placement:
     """``StaticPlacementPolicy``: the first chunks up to ``offload_optim_frac`` keep their optimizer
-    on the CPU; up to 1 - ``shard_param_frac`` stay gathered; up to ``offload_param_frac`` keep
-    their 16-bit shard on the CPU (only when the other two are 1)."""
+    on the CPU; up to 1 - ``shard_param_frac`` stay gathered after use (the policy releases
+    chunks only while gathered memory is above that share; the reduction after backward scatters
+    them); up to ``offload_param_frac`` keep their 16-bit shard on the CPU (only when the other two
+    are 1). A replicated chunk (``keep_gathered``) never moves."""
     param_frac = opt.offload_param_frac if opt.shard_param_frac == 1.0 and opt.offload_optim_frac == 1.0 else 0.0
-    gathered = tuple(g or c.keep_gathered for g, c in zip(first_chunks(chunks, 1.0 - opt.shard_param_frac), chunks,
-                                                           strict=True))
-    return Placement(first_chunks(chunks, param_frac), first_chunks(chunks, opt.offload_optim_frac), gathered)
+    fixed = [c.keep_gathered for c in chunks]
+    return Placement(tuple(p and not f for p, f in zip(first_chunks(chunks, param_frac), fixed, strict=True)),
+                     first_chunks(chunks, opt.offload_optim_frac),
+                     tuple(h and not f for h, f in zip(first_chunks(chunks, 1.0 - opt.shard_param_frac), fixed,
+                                                        strict=True)))
 
 
 @dataclass(frozen=True)
@@ -244,16 +250,22 @@ def auto_placement(c: Ctx, chunks: Sequence[Chunk], opt: Options) -> Placement:
     room = opt.steady_cuda_cap_ratio * cap - non_model - fetch_window_bytes(chunks, len(c.layers), b.b16, opt)
     shard_on_cpu = []
     for ch in chunks:
-        shard = b.b16 * ch.capacity / dp
-        shard_on_cpu.append(room < shard)
-        room -= 0.0 if room < shard else shard
+        shard = b.b16 * ch.capacity / ranks(ch, dp)
+        evict = room < shard and not ch.keep_gathered
+        shard_on_cpu.append(evict)
+        room -= 0.0 if evict else shard
     margin = opt.gpu_margin_mem_ratio * max(0.0, room)
     optim_on_cpu = []
     for ch in chunks:
-        state = (b.master * ch.capacity + b.moments * ch.used) / dp
+        state = (b.master * ch.capacity + b.moments * ch.used) / ranks(ch, dp)
         optim_on_cpu.append(margin < state)
         margin -= 0.0 if margin < state else state
-    return Placement(tuple(shard_on_cpu), tuple(optim_on_cpu), tuple(ch.keep_gathered for ch in chunks))
+    return Placement(tuple(shard_on_cpu), tuple(optim_on_cpu), (False,) * len(chunks))
+
+
+def ranks(ch: Chunk, dp: int) -> int:
+    """The ranks a chunk is sharded over (1: replicated, ``keep_gathered``)."""
+    return 1 if ch.keep_gathered else dp
 
 
 def fetch_window_bytes(chunks: Sequence[Chunk], n_layers: int, b16: float, opt: Options) -> float:
@@ -288,6 +300,8 @@ class ChunkIO:
         write_back: its refreshed 16-bit shard D2H when forward releases it and the shard lives
             on the CPU (``Chunk.shard_move`` copies into the pinned CPU shard whenever the CPU
             copy is stale, ``cpu_vis_flag``; the refresh made it stale).
+        held: forward does not release it; backward uses it as gathered (static
+            ``shard_param_frac`` < 1).
     """
 
     first_layer: int
@@ -299,6 +313,7 @@ class ChunkIO:
     reduce: Flow | None
     offload: Flow | None
     write_back: Flow | None = None
+    held: bool = False
 
     @property
     def moves(self) -> bool:
@@ -323,7 +338,8 @@ class GeminiChunks:
     a chunk after its last layer, except those of the last layer, which backward uses first; in
     backward a chunk stays gathered until its gradients are complete (its first layer), then it is
     reduce-scattered (at most :data:`REDUCES_IN_FLIGHT` at once) and its gradient shard goes D2H
-    when its optimizer is on the CPU; then it is released."""
+    when its optimizer is on the CPU; then it is released. A held chunk stays gathered from its
+    forward access to its reduction."""
 
     chunks: tuple[ChunkIO, ...]
     n_layers: int
@@ -336,14 +352,15 @@ class GeminiChunks:
                      pools=(PoolSpec(REDUCE_SLOTS, REDUCES_IN_FLIGHT),))
 
     def footprint(self) -> tuple[Need, ...]:
-        """The chunks gathered at once: at the layer that spans the most, plus the prefetched and
-        the ones still being reduced."""
+        """The chunks gathered at once: the held ones, those the widest layer spans, the
+        prefetched and the ones still being reduced."""
         moving = [ch for ch in self.chunks if ch.moves]
-        window = max((sum(ch.gathered_bytes for ch in moving if ch.first_layer <= k <= ch.last_layer)
+        held = sum(ch.gathered_bytes for ch in moving if ch.held)
+        window = max((sum(ch.gathered_bytes for ch in moving if ch.first_layer <= k <= ch.last_layer and not ch.held)
                       for k in range(self.n_layers)), default=0)
         largest = max((ch.gathered_bytes for ch in moving), default=0)
         extra = (self.max_prefetch + REDUCES_IN_FLIGHT) * largest
-        return (Need(Tier.GPU, "gathered chunks (Gemini)", window + extra),)
+        return (Need(Tier.GPU, "gathered chunks (Gemini)", held + window + extra),)
 
     def order(self, backward: bool) -> list[int]:
         """Moving chunks in the order a pass first uses them."""
@@ -382,9 +399,9 @@ class GeminiChunks:
                 b.marks[("gemini", backward, k)] = self._access(b, k, site, backward)
 
     def _access(self, b: BlockBuilder, k: int, site: Site, backward: bool) -> int:
-        """Gather chunk ``k`` (kept from forward when backward starts with it)."""
+        """Gather chunk ``k`` (kept from forward when it is held or backward starts with it)."""
         ch = self.chunks[k]
-        if backward and ch.last_layer == self.n_layers - 1 and ("gemini", False, k) in b.marks:
+        if backward and (ch.held or ch.last_layer == self.n_layers - 1) and ("gemini", False, k) in b.marks:
             return b.marks[("gemini", False, k)]
         phase = Phase.BACKWARD if backward else Phase.FORWARD
         t = tag(Activity.PARAM_FETCH, self.id, phase, ch.first_layer, group=k)
@@ -407,7 +424,7 @@ class GeminiChunks:
         layer = site.layer
         for k in self.needed(layer):
             ch = self.chunks[k]
-            if not (ch.last_layer == layer < self.n_layers - 1 and ch.gathered_bytes):
+            if not (ch.last_layer == layer < self.n_layers - 1 and ch.gathered_bytes) or ch.held:
                 continue
             t = tag(Activity.PARAM_FETCH, self.id, Phase.FORWARD, layer, group=k)
             if ch.write_back is not None and site.first_mb:
@@ -440,29 +457,30 @@ class GeminiChunks:
 
 
 # ---------------------------------------------------------------- composition
-def chunk_io(c: Ctx, ch: Chunk, shard_on_cpu: bool, optim_on_cpu: bool, gathered: bool) -> ChunkIO:
-    """One chunk's flows from its placement: shard ``capacity / dp`` elements."""
+def chunk_io(c: Ctx, ch: Chunk, shard_on_cpu: bool, optim_on_cpu: bool, held: bool) -> ChunkIO:
+    """One chunk's flows from its placement; a shard is ``capacity / dp`` elements (the whole
+    chunk when it is replicated)."""
     b, dp, pinned = element_bytes(c.cfg), c.sz.dp, c.st.pin_memory
-    shard = ch.capacity // dp if not gathered else ch.capacity
+    shard = ch.capacity // ranks(ch, dp)
     full = b.b16 * ch.capacity
-    if gathered:
+    if ch.keep_gathered:
         net = 0
     elif shard_on_cpu:
         net = whole(full)
     else:
         net = whole(full * (dp - 1) / dp)
     refresh = c.paths.dma(True, whole(b.master * shard), pinned) if optim_on_cpu else None
-    fetch = c.paths.dma(True, whole(b.b16 * shard), pinned) if shard_on_cpu and not gathered else None
-    gather = c.collective(full, 1.0) if not gathered else None
-    reduce = c.collective(b.grad * ch.capacity, 2.0 if gathered else 1.0)
+    fetch = c.paths.dma(True, whole(b.b16 * shard), pinned) if shard_on_cpu else None
+    gather = None if ch.keep_gathered else c.collective(full, 1.0)
+    reduce = c.collective(b.grad * ch.capacity, 2.0 if ch.keep_gathered else 1.0)
     offload = c.paths.dma(False, whole(b.grad * shard), pinned) if optim_on_cpu else None
     write_back = c.paths.dma(False, whole(b.b16 * shard), pinned) if fetch is not None and refresh is not None else None
-    return ChunkIO(ch.first_layer, ch.last_layer, net, refresh, fetch, gather, reduce, offload, write_back)
+    return ChunkIO(ch.first_layer, ch.last_layer, net, refresh, fetch, gather, reduce, offload, write_back, held)
 
 
 def static_items(c: Ctx, chunks: Sequence[Chunk], pl: Placement) -> StaticState:
-    """What Gemini allocates at start-up, per rank: 16-bit shards (whole chunks when gathered) on
-    the GPU or, offloaded, in host memory; fp32 master chunks and moments where the optimizer
+    """What Gemini allocates at start-up, per rank: 16-bit shards (whole chunks when replicated)
+    on the GPU or, offloaded, in host memory; fp32 master chunks and moments where the optimizer
     runs; the gradient shards of CPU-updated chunks in host memory (pinned with ``pin_memory``;
     Adam's moments are ``zeros_like`` tensors, pageable)."""
     b, dp = element_bytes(c.cfg), c.sz.dp
@@ -472,14 +490,13 @@ def static_items(c: Ctx, chunks: Sequence[Chunk], pl: Placement) -> StaticState:
     def add(tier: Tier, what: str, nbytes: float) -> None:
         tot[(tier, what)] = tot.get((tier, what), 0.0) + nbytes
 
-    for ch, cpu_shard, cpu_optim, gathered in zip(chunks, pl.shard_on_cpu, pl.optim_on_cpu, pl.gathered, strict=True):
-        elems = ch.capacity if gathered else ch.capacity / dp
-        add(host if cpu_shard and not gathered else Tier.GPU, "16-bit chunk shards (Gemini)", b.b16 * elems)
-        where = host if cpu_optim else Tier.GPU
-        add(where, "fp32 master chunk shards", b.master * ch.capacity / dp)
-        add(Tier.HOST_PAGEABLE if cpu_optim else Tier.GPU, "Adam moments", b.moments * ch.used / dp)
+    for ch, cpu_shard, cpu_optim in zip(chunks, pl.shard_on_cpu, pl.optim_on_cpu, strict=True):
+        n = ranks(ch, dp)
+        add(host if cpu_shard else Tier.GPU, "16-bit chunk shards (Gemini)", b.b16 * ch.capacity / n)
+        add(host if cpu_optim else Tier.GPU, "fp32 master chunk shards", b.master * ch.capacity / n)
+        add(Tier.HOST_PAGEABLE if cpu_optim else Tier.GPU, "Adam moments", b.moments * ch.used / n)
         if cpu_optim:
-            add(host, "gradient chunk shards (CPU)", b.grad * ch.capacity / dp)
+            add(host, "gradient chunk shards (CPU)", b.grad * ch.capacity / n)
     kinds = {"16-bit chunk shards (Gemini)": TensorKind.PARAM16, "gradient chunk shards (CPU)": TensorKind.GRAD_OPT}
     items = [StaticItem(Tier.GPU, whole(c.cfg.hardware.gpu.reserved_bytes), "reserved (CUDA context, allocator)",
                         TensorKind.RESERVED)]
@@ -488,20 +505,68 @@ def static_items(c: Ctx, chunks: Sequence[Chunk], pl: Placement) -> StaticState:
     return StaticState(tuple(items), 0)
 
 
-def hybrid_adam(c: Ctx, chunks: Sequence[Chunk], pl: Placement) -> CpuOptimizer | GpuOptimizer:
-    """``HybridAdam`` after backward: CPU Adam over the CPU-resident chunks' parameters (reads
-    and writes master and moments, reads the 16-bit gradient: the 16-bit copy is refreshed on the
-    GPU at its next access), fused GPU Adam over the others (also writes the 16-bit copy)."""
-    b, dp, n = element_bytes(c.cfg), c.sz.dp, len(c.layers)
-    cpu = sum(ch.used for ch, o in zip(chunks, pl.optim_on_cpu, strict=True) if o) / dp
-    gpu = sum(ch.used for ch, o in zip(chunks, pl.optim_on_cpu, strict=True) if not o) / dp
+#: DRAM bytes per element of Colossal's CPU Adam kernel (``cpu_adam_op.step``, the SIMD kernel
+#: derived from DeepSpeed's): reads the fp32 master and two moments and the 16-bit gradient, writes
+#: master and moments back (the 16-bit copy is refreshed on the GPU at its next access).
+SIMD_ADAM_BYTES = 2 * 12 + 2
+#: DRAM bytes per element of ``CPUAdam.torch_adam_update``, which HybridAdam runs when the
+#: gradient is bf16 ("cpu adam kernel does not support bf16 now", hybrid_adam.py): one ATen pass per
+#: op, weight_decay 0 (HybridAdam's default): grad.to(fp32) 2 + 4; exp_avg mul_ 4 + 4, add_ 8 + 4;
+#: exp_avg_sq mul_ 4 + 4, addcmul_ 8 + 4; sqrt 4 + 4; / 4 + 4; add_(eps) 4 + 4; addcdiv_ 12 + 4.
+TORCH_ADAM_BYTES = 6 + 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
+
+
+def cpu_adam_bytes(cfg: RunConfig) -> float:
+    """DRAM bytes per element of HybridAdam's CPU update: the torch path for bf16 gradients."""
+    return TORCH_ADAM_BYTES if cfg.workload.precision.grads == "bf16" else SIMD_ADAM_BYTES
+
+
+STEP_CPU = "hybrid_adam"  # the step's host thread
+
+
+@dataclass(frozen=True)
+class HybridAdamStep:
+    """``HybridAdam.step`` after backward (``hybrid_adam.py``): per parameter group the host loops
+    over the CPU-resident parameters (CPU Adam, ``cpu``: its flow, bound by the CPU and the rank's
+    DRAM share), then launches one fused multi-tensor GPU Adam over the CUDA-resident ones
+    (``gpu_s``: HBM-bound seconds); the next forward waits for both."""
+
+    cpu: Flow | None
+    gpu_s: float
+    n_layers: int
+    id: MechanismId = MechanismId.CPU_OPTIMIZER
+
+    def setup(self) -> Setup:
+        return Setup(streams=(StreamSpec(STEP_CPU, StreamKind.CPU),))
+
+    def footprint(self) -> tuple[Need, ...]:
+        return ()  # its state is the chunks' (static state)
+
+    def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
+        if site.what is not SiteKind.STEP or stage is not Stage.RUN:
+            return
+        t = lambda label: tag(Activity.OPTIMIZER, self.id, Phase.OPTIMIZER, label=label)  # noqa: E731
+        last = b.add(Join(), t("gradients home"), STEP_CPU, reads=tuple(grad_home(u) for u in range(self.n_layers)))
+        if self.cpu is not None:
+            last = b.add(self.cpu, t("CPU Adam (CPU-resident chunks)"), STEP_CPU, after=[last])
+        if self.gpu_s > 0:
+            b.add(Delay(self.gpu_s), tag(Activity.OPTIMIZER, MechanismId.GPU_OPTIMIZER, Phase.OPTIMIZER,
+                                         label="GPU Adam (CUDA-resident chunks)"), COMPUTE, after=[last])
+        else:
+            b.add(Join(), t("waits for the step"), COMPUTE, after=[last])
+
+
+def hybrid_adam(c: Ctx, chunks: Sequence[Chunk], pl: Placement) -> HybridAdamStep:
+    """HybridAdam's two halves from the placement: CPU Adam over the CPU-resident chunks'
+    parameters (:func:`cpu_adam_bytes` of DRAM each), fused GPU Adam over the others (reads and
+    writes master and moments, reads the gradient, writes the 16-bit copy)."""
+    b, dp = element_bytes(c.cfg), c.sz.dp
+    cpu = sum(ch.used / ranks(ch, dp) for ch, o in zip(chunks, pl.optim_on_cpu, strict=True) if o)
+    gpu = sum(ch.used / ranks(ch, dp) for ch, o in zip(chunks, pl.optim_on_cpu, strict=True) if not o)
     hbm_bpp = 2 * (b.master + b.moments) + b.grad + b.b16
-    gpu_s = gpu * hbm_bpp / c.cfg.hardware.gpu.hbm_bytes_per_s
-    if cpu <= 0:
-        return GpuOptimizer(gpu_s, None, n)
-    dram_bpp = 2 * (b.master + b.moments) + b.grad
-    group = GroupIO(c.paths.cpu_optimizer(whole(cpu * dram_bpp), dram_bpp))
-    return CpuOptimizer((group,), ((0,),), False, n, resident_s=gpu_s)
+    dram_bpp = cpu_adam_bytes(c.cfg)
+    flow = c.paths.cpu_optimizer(whole(cpu * dram_bpp), dram_bpp) if cpu > 0 else None
+    return HybridAdamStep(flow, gpu * hbm_bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, len(c.layers))
 
 
 FORWARD = (("params", Stage.ISSUE), ("params", Stage.WAIT), ("activations", Stage.BEFORE),
@@ -527,7 +592,7 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     c = build_ctx(cfg, sz)
     chunks = model_chunks(cfg, c.sz, opt)
     pl = placement(c, chunks, opt)
-    ios = tuple(chunk_io(c, ch, *flags) for ch, *flags in zip(chunks, pl.shard_on_cpu, pl.optim_on_cpu, pl.gathered,
+    ios = tuple(chunk_io(c, ch, *flags) for ch, *flags in zip(chunks, pl.shard_on_cpu, pl.optim_on_cpu, pl.held,
                                                               strict=True))
     mechs = {"static": static_items(c, chunks, pl), "compute": compute(c), "activations": activations(c),
              "params": GeminiChunks(ios, len(c.layers), opt.max_prefetch), "optimizer": hybrid_adam(c, chunks, pl)}
