@@ -321,6 +321,10 @@ class ChunkIO:
         return self.gathered_bytes > 0 or self.fetch is not None or self.refresh is not None or self.gather is not None
 
 
+#: the fp32 master shards as HybridAdam leaves them (a refresh reads them, the step writes them)
+MASTERS = TensorRef(TensorKind.OPT_STATE, unit=-1, group=-4)
+
+
 def chunk_ref(k: int, ch: ChunkIO) -> TensorRef:
     """Chunk ``k`` gathered on the GPU."""
     return TensorRef(TensorKind.PARAM16, unit=ch.first_layer, group=10_000 + k)
@@ -409,9 +413,10 @@ class GeminiChunks:
         last = b.add(Alloc(Tier.GPU, ch.gathered_bytes, chunk_ref(k, ch)), t, COMPUTE,
                      after=[] if freed is None else [freed]) if ch.gathered_bytes else None
         after = [] if last is None else [last]
-        up = ch.refresh if (not backward and site.first_mb and ch.refresh is not None) else ch.fetch
+        refresh = not backward and site.first_mb and ch.refresh is not None
+        up = ch.refresh if refresh else ch.fetch
         if up is not None:
-            last = b.add(up, t, "chunk_h2d", after=after)
+            last = b.add(up, t, "chunk_h2d", after=after, reads=(MASTERS,) if refresh else ())
             after = [last]
         if ch.gather is not None:
             last = b.add(ch.gather, tag(Activity.PARAM_GATHER, self.id, phase, ch.first_layer, group=k),
@@ -548,7 +553,7 @@ class HybridAdamStep:
         t = lambda label: tag(Activity.OPTIMIZER, self.id, Phase.OPTIMIZER, label=label)  # noqa: E731
         last = b.add(Join(), t("gradients home"), STEP_CPU, reads=tuple(grad_home(u) for u in range(self.n_layers)))
         if self.cpu is not None:
-            last = b.add(self.cpu, t("CPU Adam (CPU-resident chunks)"), STEP_CPU, after=[last])
+            last = b.add(self.cpu, t("CPU Adam (CPU-resident chunks)"), STEP_CPU, after=[last], writes=(MASTERS,))
         if self.gpu_s > 0:
             b.add(Delay(self.gpu_s), tag(Activity.OPTIMIZER, MechanismId.GPU_OPTIMIZER, Phase.OPTIMIZER,
                                          label="GPU Adam (CUDA-resident chunks)"), COMPUTE, after=[last])
