@@ -23,7 +23,9 @@ def test_with_no_choice_the_cache_terms_are_the_runs_own_traffic(policy: str) ->
     """zero-infinity-nvme on tiny with an unbounded GPU buffer and no DRAM cache: every layer is
     fetched once per iteration and every sub-group read and written once, whatever the policy.
     The NVMe term is then n x (read bytes / read rate + write bytes / write rate) of the run
-    itself, and the H2D term its H2D bytes over the peak of the pinned and pageable rates."""
+    itself, and the H2D term its H2D bytes over the peak of the pinned and pageable rates. The
+    bound is the largest term: the GPU stream's chain through the step, which waits for each
+    sub-group's NVMe round trip in turn (4.03 s against the array's 3.62 s when written)."""
     (_, st), = policy_variants(load_strategy("zero-infinity-nvme"), policy, None, None)
     table, (result,) = run_variants("tiny", "tiny", [(policy, st)])
     b = iteration_lower_bound(result)
@@ -34,7 +36,7 @@ def test_with_no_choice_the_cache_terms_are_the_runs_own_traffic(policy: str) ->
     nvme, h2d = RES_NAMES[Res.NVME], RES_NAMES[Res.H2D]
     assert b.terms_s[nvme] == pytest.approx(nvme_s, rel=1e-12)
     assert b.terms_s[h2d] == pytest.approx(traffic.h2d / h2d_peak, rel=1e-12)
-    assert b.binding == nvme and b.seconds == b.terms_s[nvme]
+    assert b.seconds == max(b.terms_s.values()) == b.terms_s[b.binding] >= b.terms_s[nvme]
     assert result.metrics.iteration_time_s >= b.seconds
     assert table.loc[0, "iteration_time_lower_bound_s"] == b.seconds
 
