@@ -151,6 +151,7 @@ def test_offloaded_shards_move_at_every_access() -> None:
     assert r.metrics.traffic_bytes.d2h == 14 * CHUNK
     bd = footprint(r.config).breakdown
     assert bd["host_pinned"]["16-bit chunk shards (Gemini)"] == 2 * 2 * CHUNK
+    assert bd["host_pinned"]["gradient chunk shards (CPU)"] == 2 * 3 * CHUNK  # chunks 0, 1: in their shard
     assert bd["gpu"]["16-bit chunk shards (Gemini)"] == 2 * 3 * CHUNK
 
 

@@ -487,7 +487,9 @@ def static_items(c: Ctx, chunks: Sequence[Chunk], pl: Placement) -> StaticState:
     """What Gemini allocates at start-up, per rank: 16-bit shards (whole chunks when replicated)
     on the GPU or, offloaded, in host memory; fp32 master chunks and moments where the optimizer
     runs; the gradient shards of CPU-updated chunks in host memory (pinned with ``pin_memory``;
-    Adam's moments are ``zeros_like`` tensors, pageable)."""
+    Adam's moments are ``zeros_like`` tensors, pageable). A chunk's gradient is written into its
+    16-bit chunk (``reuse_fp16_chunk``) and moved to the chunk's one CPU shard, so a chunk whose
+    16-bit shard already lives on the CPU holds no second one."""
     b, dp = element_bytes(c.cfg), c.sz.dp
     host = c.host
     tot: dict[tuple[Tier, str], float] = {}
@@ -500,7 +502,7 @@ def static_items(c: Ctx, chunks: Sequence[Chunk], pl: Placement) -> StaticState:
         add(host if cpu_shard else Tier.GPU, "16-bit chunk shards (Gemini)", b.b16 * ch.capacity / n)
         add(host if cpu_optim else Tier.GPU, "fp32 master chunk shards", b.master * ch.capacity / n)
         add(Tier.HOST_PAGEABLE if cpu_optim else Tier.GPU, "Adam moments", b.moments * ch.used / n)
-        if cpu_optim:
+        if cpu_optim and not cpu_shard:  # the gradient lands in the 16-bit chunk's CPU shard
             add(host, "gradient chunk shards (CPU)", b.grad * ch.capacity / n)
     kinds = {"16-bit chunk shards (Gemini)": TensorKind.PARAM16, "gradient chunk shards (CPU)": TensorKind.GRAD_OPT}
     items = [StaticItem(Tier.GPU, whole(c.cfg.hardware.gpu.reserved_bytes), "reserved (CUDA context, allocator)",
