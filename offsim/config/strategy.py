@@ -236,6 +236,18 @@ class Strategy(Frozen):
                     "fused_zero_copy, v0.3.0-v0.8.3 with fp16 at ZeRO stage 1 or 2: no CPU cast, the GPU "
                     "reads the fp32 master over PCIe (4 B per parameter)",
     )
+    z3_fp32_grad_copy: Literal["cpu_upcast_blocking", "bounce_sync", "gpu_upcast_blocking",
+                               "gpu_upcast_async"] = Field(
+        default="gpu_upcast_async",
+        description="DeepSpeed version switch (deepspeed_runtime.md 14.9-14.10): how ZeRO-3 offload's "
+                    "boundary micro-batch copies a gradient partition into the CPU fp32 gradient "
+                    "(stage3.py partition_grads). cpu_upcast_blocking, v0.6.0-v0.15.3: blocking 16-bit "
+                    "D2H, upcast on the CPU; bounce_sync, v0.15.4-v0.16.2 (#6670): GPU cast, pinned bounce "
+                    "buffer, a device synchronize per parameter, CPU copy; gpu_upcast_blocking, "
+                    "v0.16.3-v0.19.4 (#6962): GPU cast, blocking fp32 D2H; gpu_upcast_async, v0.19.5+ "
+                    "(#8207, the current release): non_blocking into pinned memory. Sub-groups on NVMe use "
+                    "the gradient swapper in every version (offsim.plan.deepspeed_versions)",
+    )
     gpudirect_storage: bool = Field(
         default=False,
         description="activations bound for NVMe move GPU <-> SSD directly (NVIDIA GPUDirect Storage, "

@@ -34,6 +34,7 @@ from offsim.schedule.ops import (
 
 GRAD_SLOTS = "grad_slots"          # GPU gradient buffers waiting for their copy (2)
 HOST_GRAD_SLOTS = "host_grad_slots"  # layer-wise host gradient buffers
+GRAD_SWAP_UNITS = "grad_swap_units"  # DeepSpeed's gradient swapper's pool, in MiB units
 
 
 def grad_home(layer: int) -> TensorRef:
@@ -70,6 +71,19 @@ class LayerGrads:
         cast / nvme_read / nvme_write: gradients kept on NVMe (cast, read the partial sum, write).
         update: the layer-wise CPU update (None: after-backward step).
         gpu_adam_s: layer-wise GPU Adam of the GPU-resident share, at the last micro-batch.
+        roundtrip_h2d: DeepSpeed ZeRO-3's ``partition_grads`` (stage3.py, v0.6.0+,
+            deepspeed_runtime.md §3): the 16-bit accumulator lives in host memory and the addition
+            runs on the GPU, so after each micro-batch's D2H the accumulator slice comes back up
+            (H2D, b_acc per element); set, the host-side accumulate/cast flows are not used.
+        boundary_d2h: on DeepSpeed's path, the boundary micro-batch's fp32 gradient (cast on the
+            GPU, D2H 4 B per element, ``_offload_grad_partition_at_boundary``); None: none (e.g.
+            MLP-Offload's 16-bit host gradients).
+        swap_units: on DeepSpeed's path with gradients on NVMe, the units of the gradient
+            swapper's pool the boundary copy holds until its NVMe write is done (0: no swapper).
+        boundary_cast: a host pass after the boundary copy (older releases' CPU upcast or
+            bounce-buffer copy, :class:`~offsim.plan.deepspeed_versions.Z3Fp32GradCopy`).
+        boundary_blocking: the host thread, which issues the compute, waits for the boundary copy
+            (a blocking or pageable copy), so the next layer's backward starts after it.
     """
 
     reduce: Flow | None
@@ -86,17 +100,25 @@ class LayerGrads:
     nvme_write: Flow | None = None
     update: LayerUpdate | None = None
     gpu_adam_s: float = 0.0
+    roundtrip_h2d: Flow | None = None
+    boundary_d2h: Flow | None = None
+    swap_units: int = 0
+    boundary_cast: Flow | None = None
+    boundary_blocking: bool = False
 
 
 @dataclass(frozen=True)
 class Grads:
     """Reduce, compress, offload and accumulate gradients; ``overlap``: backward continues while
-    they leave (else it waits); ``host_slots``: layer-wise host gradient buffers (None: none)."""
+    they leave (else it waits); ``host_slots``: layer-wise host gradient buffers (None: none);
+    ``swap_pool_units``: DeepSpeed's gradient swapper's pool (0: none), in the units of
+    :attr:`LayerGrads.swap_units`."""
 
     layers: tuple[LayerGrads, ...]
     overlap: bool
     host_slots: int | None
     io_concurrency: int | None = None
+    swap_pool_units: int = 0
     id: MechanismId = MechanismId.GRADS
 
     def setup(self) -> Setup:
@@ -108,6 +130,8 @@ class Grads:
         pools = [PoolSpec(GRAD_SLOTS, 2)]
         if self.host_slots is not None:
             pools.append(PoolSpec(HOST_GRAD_SLOTS, self.host_slots))
+        if self.swap_pool_units > 0:
+            pools.append(PoolSpec(GRAD_SWAP_UNITS, self.swap_pool_units))
         return Setup(streams=streams, pools=(*pools, *io_pools(self.io_concurrency)))
 
     def footprint(self) -> tuple[Need, ...]:
@@ -153,6 +177,8 @@ class Grads:
             last = b.add(g.reduce, tag(Activity.GRAD_REDUCE, self.id, Phase.BACKWARD, u), "grad_reduce", after=[last])
         if g.d2h is not None:
             last = b.add(g.d2h, t, "grad_d2h", after=[last])
+        if g.roundtrip_h2d is not None:  # the accumulator slice back to a GPU tensor, on the same stream
+            last = b.add(g.roundtrip_h2d, t, "grad_d2h", after=[last])
         b.add(Free(Tier.GPU, buf), t, after=[last])
         last = b.add(Release(GRAD_SLOTS, 1), t, after=[last])
         end = self._on_host(b, site, g, last)
@@ -168,6 +194,8 @@ class Grads:
         optimizer gradient, or, layer-wise, the layer's update)."""
         u = site.layer
         home = grad_home(u)
+        if g.roundtrip_h2d is not None:
+            return self._deepspeed_boundary(b, site, g, last)
         host_buf = TensorRef(TensorKind.BUFFER, unit=u, group=0)
         if g.host_buffer_bytes > 0:
             last = b.add(Alloc(g.host_tier, g.host_buffer_bytes, host_buf), tag(Activity.GRAD_OFFLOAD, self.id,
@@ -188,6 +216,38 @@ class Grads:
         flow = g.accumulate_first if site.first_mb else g.accumulate
         return b.add(flow, tag(Activity.GRAD_ACCUMULATE, self.id, Phase.BACKWARD, u), "grad_host",  # type: ignore[arg-type]
                      after=[last], writes=(home,))
+
+    def _deepspeed_boundary(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int) -> int:
+        """DeepSpeed ZeRO-3's boundary micro-batch (stage3.py ``partition_grads`` ->
+        ``_offload_grad_partition_at_boundary``): the fp32 gradient leaves the GPU; with gradients
+        on NVMe it is copied into the gradient swapper's buffers (``_swap_out_offload_fp32_gradients``
+        -> async_swapper.py ``AsyncTensorSwapper``) and written asynchronously, and the host
+        thread, which issues the compute, blocks while the pool has no room
+        (``_flush_buffers_until_complete``; deepspeed_runtime.md §7). Earlier micro-batches end
+        with the round trip: the gradient is in the host accumulator."""
+        u = site.layer
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
+        if site.last_mb:
+            deps = [last]
+            if g.swap_units > 0:
+                deps.append(b.add(Acquire(GRAD_SWAP_UNITS, g.swap_units),
+                                  tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
+                                      label="waits for the gradient swapper's buffers"), COMPUTE,
+                                  stall=Wait("the gradient swapper's buffers")))
+            if g.boundary_d2h is not None:
+                last = b.add(g.boundary_d2h, t, "grad_d2h", after=deps)
+            if g.boundary_cast is not None:
+                last = b.add(g.boundary_cast, tag(Activity.GRAD_CAST, self.id, Phase.BACKWARD, u), "grad_host",
+                             after=[last])
+            if g.boundary_blocking:
+                b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
+                                  label="waits for the blocking gradient copy"), COMPUTE, after=[last],
+                      stall=Wait("a blocking gradient copy"))
+            if g.nvme_write is not None:  # (16-bit host gradients on NVMe: from the accumulator)
+                last = b.add(g.nvme_write, t, "grad_nvme", after=[last])
+            if g.swap_units > 0:
+                last = b.add(Release(GRAD_SWAP_UNITS, g.swap_units), t, after=[last])
+        return b.add(Join(), t, after=[last], writes=(grad_home(u),))
 
     def _update(self, b: BlockBuilder, u: int, g: LayerGrads, last: int) -> int:
         """The layer-wise CPU update on the ``cpu_update`` stream."""

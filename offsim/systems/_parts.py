@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
@@ -36,6 +37,7 @@ from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan import footprint as fp
 from offsim.plan.cpu_adam import LpCopy, fused_upload_bytes_per_param
+from offsim.plan.deepspeed_versions import Z3Fp32GradCopy
 from offsim.plan.model import Layer
 from offsim.plan.paths import Paths, resource_capacities
 from offsim.plan.policy_plan import (
@@ -82,6 +84,11 @@ class Variants:
         deepspeed_step: the after-backward CPU step runs DeepSpeed's host passes around Adam
             (unscale before, the 16-bit cast after, as the strategy's ``lp_copy`` says); False for
             systems with their own optimizer loop.
+        deepspeed_grads: on DeepSpeed's ZeRO-3 offload path (:func:`fp.deepspeed_zero3_offload`),
+            gradients leave as DeepSpeed's ``partition_grads`` moves them (stage3.py, v0.6.0+;
+            deepspeed_runtime.md §3, §7): a PCIe round trip of the 16-bit accumulator every
+            micro-batch, the fp32 copy and the NVMe write at the boundary only, the gradient
+            swapper's pool blocking the host; False: offsim's generic host-side accumulation.
     """
 
     layerwise_update: bool = False
@@ -92,6 +99,7 @@ class Variants:
     storage: StorageBuilder | None = None
     io_concurrency: int | None = None
     deepspeed_step: bool = True
+    deepspeed_grads: bool = False
 
 
 @dataclass(frozen=True)
@@ -300,7 +308,7 @@ def gpu_adam_bpp(c: Ctx) -> float:
     return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
 
 
-def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None) -> LayerGrads:
+def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None, swap_pool_units: int = 0) -> LayerGrads:
     st, sz = c.st, c.sz
     factor = 1.0 if st.zero_stage >= 2 else 2.0
     full = lay.params * c.bpp_grad
@@ -320,6 +328,7 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None) -> LayerGrads:
     if c.layerwise and on_gpu > 0:
         gpu_adam = lay.params / sz.opt_part * on_gpu * gpu_adam_bpp(c) / gpu.hbm_bytes_per_s
     nvme = st.placement.grads == "nvme"
+    ds = _deepspeed_grads(c, local, hg, swap_pool_units) if _on_deepspeed_grads(c) and part > 0 else {}
     return LayerGrads(
         reduce, True, compress, whole(min(full, fp.grad_buffer_bytes(c.cfg, sz))),
         c.paths.dma(False, whole(part), st.pin_memory) if part > 0 else None,
@@ -328,13 +337,63 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None) -> LayerGrads:
         c.paths.host_copy(whole(local * (c.bpp_grad + hg))) if nvme else None,
         c.paths.nvme(True, whole(local * hg)) if nvme else None,
         c.paths.nvme(False, whole(local * hg)) if nvme else None,
-        _layer_update(c, lay) if c.layerwise and local > 0 else None, gpu_adam)
+        _layer_update(c, lay) if c.layerwise and local > 0 else None, gpu_adam, **ds)
+
+
+#: the unit of the gradient swapper's pool, bytes
+SWAP_UNIT_BYTES = 2**20
+
+
+def _on_deepspeed_grads(c: Ctx) -> bool:
+    return c.v.deepspeed_grads and fp.deepspeed_zero3_offload(c.cfg) and not c.layerwise
+
+
+def _swap_pool_bytes(c: Ctx) -> float:
+    """The gradient swapper's pool: the optimizer swapper's ``buffer_count`` buffers of the
+    largest sub-group in fp32, all of which it takes at first use (swap_tensor/utils.py
+    ``SwapBufferManager``, async_swapper.py ``allocate_all``; deepspeed_runtime.md §7)."""
+    groups = fp.deepspeed_sub_groups(fp.param_partitions(c.cfg, c.sz), c.st.sub_group_params)
+    return c.st.optimizer_buffer_count * max(groups) * DTYPE_BYTES[c.cfg.workload.precision.master_params]
+
+
+def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int) -> dict[str, Any]:
+    """A layer's :class:`LayerGrads` fields on DeepSpeed's ZeRO-3 path (``local``: its gradient
+    elements on this rank; ``hg``: host bytes per element; ``swap_pool_units``: the gradient
+    swapper's pool when gradients are on NVMe, else 0). The round trip is pinned iff
+    ``pin_memory`` (``grad_partitions_flat_buffer``); the boundary fp32 copy into the swapper's
+    buffers is a blocking pageable one, as those are mlock'd, not CUDA-registered
+    (``new_cpu_locked_tensor``; async_swapper.py copies on the reduction stream and waits,
+    deepspeed_runtime.md §7); else the copy into the fp32 gradient as the release's
+    ``z3_fp32_grad_copy`` does it (:class:`Z3Fp32GradCopy`). MLP-Offload's 16-bit host gradients
+    (``delayed_grad_conversion``) have no boundary copy."""
+    st = c.st
+    fields: dict[str, Any] = {"roundtrip_h2d": c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory)}
+    if st.delayed_grad_conversion:
+        return fields
+    if st.placement.grads == "nvme":  # the gradient swapper: GPU cast, blocking copy into its locked buffers
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), False), boundary_blocking=True)
+        if swap_pool_units > 0:
+            fields["swap_units"] = min(swap_pool_units, max(1, math.ceil(local * hg / SWAP_UNIT_BYTES)))
+        return fields
+    mode = Z3Fp32GradCopy(st.z3_fp32_grad_copy)
+    if mode is Z3Fp32GradCopy.CPU_UPCAST_BLOCKING:  # 16-bit D2H into a pageable temporary, CPU upcast
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * c.bpp_grad), False),
+                      boundary_cast=c.paths.host_copy(whole(local * (c.bpp_grad + hg))), boundary_blocking=True)
+    elif mode is Z3Fp32GradCopy.BOUNCE_SYNC:  # fp32 D2H into a pinned bounce buffer, sync, CPU copy
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), True),
+                      boundary_cast=c.paths.host_copy(whole(local * 2 * hg)), boundary_blocking=True)
+    else:
+        blocking = mode is Z3Fp32GradCopy.GPU_UPCAST_BLOCKING or not st.pin_memory
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), st.pin_memory), boundary_blocking=blocking)
+    return fields
 
 
 def grads(c: Ctx) -> Grads:
     slots = fp.layerwise_grad_buffers(c.cfg)
-    return Grads(tuple(_layer_grads(c, lay, slots) for lay in c.layers), c.st.overlap_grad_offload, slots,
-                 c.v.io_concurrency)
+    swapped = _on_deepspeed_grads(c) and c.st.placement.grads == "nvme" and not c.st.delayed_grad_conversion
+    pool = max(1, int(_swap_pool_bytes(c) // SWAP_UNIT_BYTES)) if swapped else 0
+    layers = tuple(_layer_grads(c, lay, slots, pool) for lay in c.layers)
+    return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool)
 
 
 def storage(c: Ctx, read: bool, nbytes: float) -> StorageIO:

@@ -27,7 +27,8 @@ def variants(cfg: RunConfig) -> Variants:
                     grad_compression_flop_per_param=st.grad_compression_flop_per_param,
                     gpu_collectives=not st.replicated_param_swap,
                     nvme_activations=gds_activations if st.gpudirect_storage else None,
-                    storage=storage.storage, io_concurrency=storage.io_concurrency)
+                    storage=storage.storage, io_concurrency=storage.io_concurrency,
+                    deepspeed_grads=True)  # DeepSpeed ZeRO-3's partition_grads where its offload path is on
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:

@@ -22,7 +22,7 @@ from offsim.mechanisms.cpu_optimizer import GpuSplit, StreamedGroup
 from offsim.plan.footprint import StateSizes
 from offsim.plan.optimizer_split import PerfModelSplit, SplitBytes, SplitRates
 from offsim.systems._compile import System
-from offsim.systems._parts import Ctx, build_ctx, gpu_adam_bpp, optimizer_dram_bpp, standard, subgroups, whole
+from offsim.systems._parts import Ctx, Variants, build_ctx, gpu_adam_bpp, optimizer_dram_bpp, standard, subgroups, whole
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_split"})
 
@@ -33,7 +33,7 @@ NOTE = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chos
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """The standard mechanisms, the CPU optimizer carrying the GPU split when it is on."""
-    c = build_ctx(cfg, sz)
+    c = build_ctx(cfg, sz, Variants(deepspeed_grads=True))  # DeepSpeed ZeRO-3's partition_grads
     if c.st.optimizer_split != "perf-model":
         return standard(c)
     return standard(c, gpu_split(c, subgroups(c)), (NOTE,))

@@ -13,11 +13,11 @@ under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`)
 from offsim.config.run import RunConfig
 from offsim.plan.footprint import StateSizes
 from offsim.systems._compile import System
-from offsim.systems._parts import standard_system
+from offsim.systems._parts import Variants, standard_system
 
 OPTIONS: frozenset[str] = frozenset({"param_swap_pool", "overflow_check"})
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """ZeRO-Infinity's mechanisms; its host buffers sized by MemAscend's options."""
-    return standard_system(cfg, sz)
+    return standard_system(cfg, sz, Variants(deepspeed_grads=True))  # DeepSpeed's partition_grads

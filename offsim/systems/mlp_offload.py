@@ -38,7 +38,8 @@ def variants(cfg: RunConfig) -> Variants:
     """Striped storage when the strategy stripes or caps its I/O, else the plain NVMe array."""
     st = cfg.strategy
     striped = st.pfs_share > 0 or st.io_concurrency is not None
-    return Variants(storage=striped_storage if striped else None, io_concurrency=st.io_concurrency)
+    return Variants(storage=striped_storage if striped else None, io_concurrency=st.io_concurrency,
+                    deepspeed_grads=True)  # the DataStates fork of DeepSpeed ZeRO-3: its partition_grads
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:

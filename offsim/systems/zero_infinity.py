@@ -14,11 +14,12 @@ stage, buffers...) keep working under it; of the system options
 from offsim.config.run import RunConfig
 from offsim.plan.footprint import StateSizes
 from offsim.systems._compile import System
-from offsim.systems._parts import standard_system
+from offsim.systems._parts import Variants, standard_system
 
 OPTIONS: frozenset[str] = frozenset(())
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
-    """The standard ZeRO-3 offload mechanisms: no variant."""
-    return standard_system(cfg, sz)
+    """The standard ZeRO-3 offload mechanisms, gradients moved as DeepSpeed's partition_grads
+    moves them (``Variants.deepspeed_grads``)."""
+    return standard_system(cfg, sz, Variants(deepspeed_grads=True))

@@ -1,0 +1,32 @@
+"""DeepSpeed behaviour that changed between releases, as strategy inputs that default to the
+current release (deepspeed_runtime.md §14, read in the git history of deepspeedai/DeepSpeed at the
+release tags named; §14.10 lists the switches). A case states the version its source ran and sets
+the switch that version implies."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Z3Fp32GradCopy(StrEnum):
+    """How ZeRO-3 offload's boundary micro-batch copies a gradient partition into the CPU fp32
+    gradient (stage3.py ``partition_grads`` / ``_offload_grad_partition_at_boundary``;
+    deepspeed_runtime.md §14.9, §14.10 ``z3_fp32_grad_copy``). Sub-groups on NVMe go through the
+    gradient swapper in every version (a GPU cast, then a blocking copy into its buffers, §7)."""
+
+    #: v0.6.0-v0.15.3: ``fp32_grad.copy_(grad_buffer)`` from the GPU's 16-bit buffer: a blocking
+    #: 16-bit D2H into a pageable temporary, then the upcast on the CPU (PyTorch Copy.cu: a
+    #: CPU<->GPU copy with a dtype change converts on the CPU)
+    CPU_UPCAST_BLOCKING = "cpu_upcast_blocking"
+    #: v0.15.4-v0.16.2 (PR #6670): GPU cast, D2H into a pinned bounce buffer, a device
+    #: synchronize per parameter, then a CPU copy into the fp32 gradient
+    BOUNCE_SYNC = "bounce_sync"
+    #: v0.16.3-v0.19.4 (PR #6962): GPU cast and a blocking fp32 D2H (pinned iff pin_memory)
+    GPU_UPCAST_BLOCKING = "gpu_upcast_blocking"
+    #: v0.19.5+ (PR #8207): GPU cast and a non_blocking fp32 D2H into the pinned fp32 gradient
+    #: (blocking only when pin_memory is false: a D2H into pageable memory blocks the host)
+    GPU_UPCAST_ASYNC = "gpu_upcast_async"
+
+
+#: the current release's behaviour (v0.19.5, the newest tag at the commit read, edaa722126)
+DEFAULT_Z3_FP32_GRAD_COPY = Z3Fp32GradCopy.GPU_UPCAST_ASYNC

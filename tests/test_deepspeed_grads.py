@@ -1,0 +1,87 @@
+"""DeepSpeed ZeRO-3 offload's gradient path (stage3.py ``partition_grads``; deepspeed_runtime.md §3,
+§7, §14.9): bytes per micro-batch counted by hand, the version switch of the boundary copy, and the
+gradient swapper holding the host back."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from offsim import simulate
+from offsim.config.loading import load_strategy
+from offsim.config.run import RunConfig, make_run_config
+from offsim.plan.footprint import state_sizes
+
+#: tiny/tiny: one rank, bf16 params and gradients (b_acc = 2 B), fp32 optimizer gradients (4 B)
+P = 67_118_080  # parameters of the tiny workload (state_sizes(...).params_total)
+
+
+def _cfg(strategy: str, gas: int = 1, **st_updates: object) -> RunConfig:
+    st = load_strategy(strategy).model_copy(update=st_updates)
+    cfg = make_run_config("tiny", "tiny", st)
+    training = cfg.workload.training.model_copy(update={"grad_accumulation": gas})
+    wl = cfg.workload.model_copy(update={"training": training})
+    return cfg.model_copy(update={"workload": wl})
+
+
+def _grad_bytes(cfg: RunConfig) -> Counter[tuple[str, str]]:
+    result = simulate(cfg)
+    assert result.metrics.feasible, result.metrics.infeasible_reason
+    spans = result.recorder.spans
+    last = max(s.iteration for s in spans)
+    out: Counter[tuple[str, str]] = Counter()
+    for s in spans:
+        if s.iteration == last and s.kind in ("grad_offload", "grad_cast", "grad_accumulate"):
+            out[(s.kind, s.resource)] += s.bytes
+    return out
+
+
+def test_one_micro_batch_moves_8_bytes_per_element_in_three_copies() -> None:
+    """§3 table, GAS = 1: D2H b_acc + 4 (the accumulator slice, then the fp32 copy at the
+    boundary), H2D b_acc (the slice back to a GPU tensor): 6 + 2 B per element, nothing on the host."""
+    assert state_sizes(_cfg("zero-infinity-cpu")).params_total == P
+    got = _grad_bytes(_cfg("zero-infinity-cpu"))
+    assert got == Counter({("grad_offload", "d2h"): 6 * P, ("grad_offload", "h2d"): 2 * P})
+
+
+def test_accumulation_pays_the_round_trip_every_micro_batch() -> None:
+    """§3, GAS = 3: every micro-batch D2H b_acc and H2D b_acc; the fp32 copy (4 B) once."""
+    got = _grad_bytes(_cfg("zero-infinity-cpu", gas=3))
+    assert got == Counter({("grad_offload", "d2h"): (3 * 2 + 4) * P, ("grad_offload", "h2d"): 3 * 2 * P})
+
+
+def test_older_releases_copy_16_bit_and_upcast_on_the_cpu() -> None:
+    """§14.9, v0.6.0-v0.15.3: the boundary copy is a 16-bit D2H (2 B) and a CPU upcast that reads
+    2 B and writes 4 B per element; v0.15.4-v0.16.2: fp32 D2H and a CPU copy of 4 + 4 B."""
+    got = _grad_bytes(_cfg("zero-infinity-cpu", z3_fp32_grad_copy="cpu_upcast_blocking"))
+    assert got == Counter({("grad_offload", "d2h"): (2 + 2) * P, ("grad_offload", "h2d"): 2 * P,
+                           ("grad_cast", "dram_copy"): 6 * P})
+    got = _grad_bytes(_cfg("zero-infinity-cpu", z3_fp32_grad_copy="bounce_sync"))
+    assert got == Counter({("grad_offload", "d2h"): (2 + 4) * P, ("grad_offload", "h2d"): 2 * P,
+                           ("grad_cast", "dram_copy"): 8 * P})
+
+
+def test_a_blocking_copy_holds_the_backward_back() -> None:
+    """A blocking boundary copy (v0.16.3-v0.19.4) makes the host, which issues the compute,
+    wait for it: the backward is longer than with the current release's non_blocking copy."""
+    fast = simulate(_cfg("zero-infinity-cpu")).metrics.phases_s.backward
+    slow = simulate(_cfg("zero-infinity-cpu", z3_fp32_grad_copy="gpu_upcast_blocking")).metrics.phases_s.backward
+    assert slow > fast
+
+
+def test_nvme_gradients_written_once_at_the_boundary() -> None:
+    """§7: with gradients on NVMe only the boundary's fp32 copy is written (4 B per element), no
+    read of a partial sum; the earlier micro-batches keep the sum in the host accumulator."""
+    cfg = _cfg("zero-infinity-nvme", gas=2)
+    got = _grad_bytes(cfg)
+    assert got[("grad_offload", "nvme_write")] == 4 * P
+    assert got[("grad_offload", "nvme_read")] == 0
+    assert got[("grad_offload", "h2d")] == 2 * 2 * P
+
+
+def test_the_gradient_swapper_blocks_the_host_when_its_pool_is_small() -> None:
+    """§7: the host waits once the swapper's buffers hold unwritten gradients; one small buffer
+    (buffer_count 1, sub_group_size 1e6: 4 MB) stalls the backward more than sixteen large ones."""
+    small = simulate(_cfg("zero-infinity-nvme", optimizer_buffer_count=1, sub_group_params=1e6))
+    large = simulate(_cfg("zero-infinity-nvme", optimizer_buffer_count=16, sub_group_params=1e6))
+    stalls = [s for s in small.recorder.spans if "gradient swapper" in s.name]
+    assert stalls and small.metrics.phases_s.backward > large.metrics.phases_s.backward
