@@ -19,10 +19,9 @@ from offsim import load_profile, load_strategy, load_workload, make_run_config, 
 from offsim.cli import app
 from offsim.config.strategy import Strategy
 from offsim.errors import ConfigError
-from offsim.plan import cpu_adam
+from offsim.plan import cpu_adam, torch_cpu
 from offsim.plan.footprint import state_sizes
 from offsim.results import RunResult
-from offsim.systems import fsdp2_cpu_offload as fsdp2
 from offsim.systems._compile import compile_system
 from offsim.systems._registry import compose
 
@@ -56,13 +55,13 @@ def test_single_tensor_adam_passes_are_72_bytes_per_fp32_element() -> None:
     v + w p, m, v = 28 B; AdamW's decay param.mul_ 8 B more, Adam's grad.add(param) 12 B more;
     clip_grad_norm_ (norm, then mul_) 12 B."""
     total = lambda passes: sum(p.dram_bytes_per_param for p in passes)  # noqa: E731
-    loop = fsdp2.adam_passes(fsdp2.AdamImpl.FOR_LOOP, 4, 4, weight_decay=False, decoupled=True)
+    loop = torch_cpu.adam_passes(torch_cpu.AdamImpl.FOR_LOOP, 4, 4, weight_decay=False, decoupled=True)
     assert [p.dram_bytes_per_param for p in loop] == [12, 8, 12, 8, 8, 8, 16]
     assert total(loop) == 72
-    assert total(fsdp2.adam_passes(fsdp2.AdamImpl.FUSED, 4, 4, weight_decay=True, decoupled=True)) == 28
-    assert total(fsdp2.adam_passes(fsdp2.AdamImpl.FOR_LOOP, 4, 4, weight_decay=True, decoupled=True)) == 80
-    assert total(fsdp2.adam_passes(fsdp2.AdamImpl.FOR_LOOP, 4, 4, weight_decay=True, decoupled=False)) == 84
-    assert total(fsdp2.clip_passes(4)) == 12
+    assert total(torch_cpu.adam_passes(torch_cpu.AdamImpl.FUSED, 4, 4, weight_decay=True, decoupled=True)) == 28
+    assert total(torch_cpu.adam_passes(torch_cpu.AdamImpl.FOR_LOOP, 4, 4, weight_decay=True, decoupled=True)) == 80
+    assert total(torch_cpu.adam_passes(torch_cpu.AdamImpl.FOR_LOOP, 4, 4, weight_decay=True, decoupled=False)) == 84
+    assert total(torch_cpu.clip_passes(4)) == 12
 
 
 def test_the_step_is_dram_bound_at_cpu_adams_efficiency() -> None:
@@ -192,7 +191,7 @@ def test_torch_adam_rate_against_zero_offload_table_4() -> None:
     """ZeRO-Offload (arXiv 2101.06840) Table 4: PyTorch CPU Adam over 10B parameters, 14.76 s on
     2x Xeon Platinum 8168 (dgx2-v100's host). Tolerance 1.5x either way."""
     hw = load_profile("dgx2-v100")
-    passes = fsdp2.adam_passes(fsdp2.AdamImpl.FOR_LOOP, 4, 4, weight_decay=False, decoupled=False)
+    passes = torch_cpu.adam_passes(torch_cpu.AdamImpl.FOR_LOOP, 4, 4, weight_decay=False, decoupled=False)
     rate = hw.dram.bandwidth_bytes_per_s * cpu_adam.ADAM_DRAM_EFFICIENCY
     derived_s = 10e9 * sum(p.dram_bytes_per_param for p in passes) / rate
     assert 14.76 / 1.5 <= derived_s <= 14.76 * 1.5

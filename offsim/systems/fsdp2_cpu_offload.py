@@ -42,21 +42,20 @@ activations and the activation policy. Its own knobs are :class:`Options`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
 from pydantic import Field
 
 from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
-from offsim.core.enums import Activity, Link, Phase, Res, TensorKind, Tier
+from offsim.core.enums import Activity, Phase, TensorKind, Tier
 from offsim.mechanisms.base import BlockBuilder, Site, SiteKind, Stage, tag
 from offsim.mechanisms.cpu_optimizer import STEP, CpuOptimizer, GroupIO
 from offsim.mechanisms.grads import Grads, LayerGrads, grad_home
 from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
 from offsim.mechanisms.static_state import StaticItem, StaticState
-from offsim.plan import cpu_adam
 from offsim.plan.footprint import StateSizes
+from offsim.plan.torch_cpu import AdamImpl, TorchPass, adam_passes, clip_passes, torch_pass_flow
 from offsim.schedule.ops import Flow, Join
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
@@ -73,20 +72,6 @@ from offsim.systems._parts import (
 )
 
 OPTIONS: frozenset[str] = frozenset(())
-
-
-class AdamImpl(StrEnum):
-    """Which ``torch.optim.Adam``/``AdamW`` code steps the CPU tensors.
-
-    ``for-loop``: ``_single_tensor_adam``, torch's default for CPU tensors (foreach is chosen only
-    for CUDA-like devices: ``torch/utils/_foreach_utils.py`` ``_get_foreach_kernels_supported_devices``;
-    ``../shared/reference/config_formats.md`` section 4). ``fused``: ``fused=True``, one kernel
-    (``_fused_adam_``, which has a CPU implementation), torchtitan's default
-    (``torchtitan/config/configs.py``, optimizer ``implementation``).
-    """
-
-    FOR_LOOP = "for-loop"
-    FUSED = "fused"
 
 
 class Options(Frozen):
@@ -111,71 +96,12 @@ class Options(Frozen):
 
 
 # ------------------------------------------------------------------ the CPU step's DRAM bytes
-@dataclass(frozen=True)
-class TorchPass:
-    """One elementwise pass of the CPU step over every element of the shard.
-
-    Attributes:
-        name: the torch call (``torch/optim/adam.py`` ``_single_tensor_adam``, or
-            ``torch/nn/utils/clip_grad.py`` ``clip_grad_norm_``).
-        dram_bytes_per_param: bytes it reads plus bytes it writes per element.
-    """
-
-    name: str
-    dram_bytes_per_param: float
-
-
-def adam_passes(impl: AdamImpl, param_bytes: float, moment_bytes: float, weight_decay: bool,
-                decoupled: bool) -> tuple[TorchPass, ...]:
-    """The passes of one torch Adam step per element (gradients in the parameters' dtype).
-
-    ``_single_tensor_adam`` (``torch/optim/adam.py`` @ ``dc80ccded5``, the non-capturable,
-    non-amsgrad branch) runs, per tensor: ``exp_avg.lerp_(grad, 1 - beta1)``;
-    ``exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)``;
-    ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`` (two new tensors, then in
-    place); ``param.addcdiv_(exp_avg, denom, value=-step_size)``. Each is one ATen elementwise
-    kernel, multi-threaded over the tensor (``at::parallel_for``), so each streams its operands
-    through DRAM once. fp32 throughout: 12 + 8 + 12 + 8 + 8 + 8 + 16 = 72 B. The fused kernel reads
-    param, grad and both moments and writes param and both moments once: 28 B. A write is counted
-    once (no read-for-ownership).
-    """
-    p = g = param_bytes
-    m = moment_bytes
-    if impl is AdamImpl.FUSED:
-        return (TorchPass("_fused_adam_", 2 * p + g + 4 * m),)
-    decay: tuple[TorchPass, ...] = ()
-    if weight_decay:
-        decay = ((TorchPass("param.mul_(1 - lr * weight_decay)", 2 * p),) if decoupled
-                 else (TorchPass("grad.add(param, alpha=weight_decay)", 2 * g + p),))
-    return (*decay, TorchPass("exp_avg.lerp_(grad)", 2 * m + g), TorchPass("exp_avg_sq.mul_(beta2)", 2 * m),
-            TorchPass("exp_avg_sq.addcmul_(grad, grad)", 2 * m + g), TorchPass("exp_avg_sq.sqrt()", 2 * m),
-            TorchPass("/ bias_correction2_sqrt", 2 * m), TorchPass(".add_(eps)", 2 * m),
-            TorchPass("param.addcdiv_(exp_avg, denom)", 2 * p + 2 * m))
-
-
-def clip_passes(grad_bytes: float) -> tuple[TorchPass, ...]:
-    """``clip_grad_norm_`` (``torch/nn/utils/clip_grad.py``): each gradient's norm (read), then
-    ``mul_`` by the clip coefficient (read and write): 3 x 4 B for fp32 gradients."""
-    return (TorchPass("clip_grad_norm_: norms", grad_bytes), TorchPass("clip_grad_norm_: mul_", 2 * grad_bytes))
-
-
 def torch_step_flow(c: Ctx, params: float, passes: tuple[TorchPass, ...]) -> Flow:
-    """The passes over ``params`` elements as one flow of DRAM bytes.
-
-    Assumption (no torch CPU Adam rate is measured for offsim's profiles): ATen's elementwise
-    passes are bound by DRAM as DeepSpeed's CPU Adam is (:mod:`offsim.plan.cpu_adam`): they reach
-    the same fraction of the rank's DRAM share (``ADAM_DRAM_EFFICIENCY``, fitted on ZeRO-Offload
-    Table 4; charged as ``1 / efficiency`` of DRAM per byte), and each thread streams at most
-    ``THREAD_STREAM_BYTES_PER_S`` (the flow's cap). They do not use DeepSpeed's CPU Adam rate.
-    """
+    """The passes over ``params`` elements as one flow (:func:`offsim.plan.torch_cpu.torch_pass_flow`:
+    torch's CPU code priced alike in every system; its assumption is stated there), on the rank's
+    ``threads_per_rank``."""
     opts = read_options(c.st, Options)
-    hw = c.cfg.hardware
-    host = cpu_adam.CpuHost(hw.cpu.cores, hw.cpu.sockets, None, cpu_adam.CpuSimd.NONE,
-                            hw.dram.bandwidth_bytes_per_s)
-    threads = cpu_adam.rank_threads(host, c.sz.ranks_per_node, opts.threads_per_rank)
-    nbytes = params * sum(p.dram_bytes_per_param for p in passes)
-    return Flow(whole(nbytes), ((Res.DRAM, 1.0 / cpu_adam.ADAM_DRAM_EFFICIENCY),),
-                threads * cpu_adam.THREAD_STREAM_BYTES_PER_S, (Link.CPU,))
+    return torch_pass_flow(c.cfg.hardware, c.sz.ranks_per_node, opts.threads_per_rank, params, passes)
 
 
 # ------------------------------------------------------------------ mechanisms of this system

@@ -52,6 +52,7 @@ from offsim.mechanisms.compute import COMPUTE, grad16
 from offsim.mechanisms.grads import grad_home
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan.footprint import StateSizes, layer_tensors
+from offsim.plan.torch_cpu import TorchPass, torch_pass_flow
 from offsim.schedule.ops import Acquire, Alloc, Delay, Flow, Free, Join, PoolSpec, Release, StreamSpec, TensorRef, Wait
 from offsim.systems._compile import System
 from offsim.systems._parts import Ctx, activations, build_ctx, compute, whole
@@ -521,11 +522,17 @@ SIMD_ADAM_BYTES = 2 * 12 + 2
 #: op, weight_decay 0 (HybridAdam's default): grad.to(fp32) 2 + 4; exp_avg mul_ 4 + 4, add_ 8 + 4;
 #: exp_avg_sq mul_ 4 + 4, addcmul_ 8 + 4; sqrt 4 + 4; / 4 + 4; add_(eps) 4 + 4; addcdiv_ 12 + 4.
 TORCH_ADAM_BYTES = 6 + 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
+#: those passes, priced as every system's torch CPU code is (:func:`offsim.plan.torch_cpu.torch_pass_flow`)
+TORCH_ADAM = (TorchPass("HybridAdam torch ops (bf16 gradients)", TORCH_ADAM_BYTES),)
 
 
-def cpu_adam_bytes(cfg: RunConfig) -> float:
-    """DRAM bytes per element of HybridAdam's CPU update: the torch path for bf16 gradients."""
-    return TORCH_ADAM_BYTES if cfg.workload.precision.grads == "bf16" else SIMD_ADAM_BYTES
+def cpu_adam_flow(c: Ctx, params: float) -> Flow:
+    """HybridAdam's CPU update of ``params`` elements: Colossal's SIMD CPU Adam for fp16 gradients
+    (the shared CPU Adam path, :data:`SIMD_ADAM_BYTES` of DRAM each), or its torch-op fallback for
+    bf16 gradients (:data:`TORCH_ADAM`, priced as every system's torch CPU code is)."""
+    if c.cfg.workload.precision.grads == "bf16":
+        return torch_pass_flow(c.cfg.hardware, c.sz.ranks_per_node, None, params, TORCH_ADAM)
+    return c.paths.cpu_optimizer(whole(params * SIMD_ADAM_BYTES), SIMD_ADAM_BYTES)
 
 
 STEP_CPU = "hybrid_adam"  # the step's host thread
@@ -565,14 +572,13 @@ class HybridAdamStep:
 
 def hybrid_adam(c: Ctx, chunks: Sequence[Chunk], pl: Placement) -> HybridAdamStep:
     """HybridAdam's two halves from the placement: CPU Adam over the CPU-resident chunks'
-    parameters (:func:`cpu_adam_bytes` of DRAM each), fused GPU Adam over the others (reads and
+    parameters (:func:`cpu_adam_flow`), fused GPU Adam over the others (reads and
     writes master and moments, reads the gradient, writes the 16-bit copy)."""
     b, dp = element_bytes(c.cfg), c.sz.dp
     cpu = sum(ch.used / ranks(ch, dp) for ch, o in zip(chunks, pl.optim_on_cpu, strict=True) if o)
     gpu = sum(ch.used / ranks(ch, dp) for ch, o in zip(chunks, pl.optim_on_cpu, strict=True) if not o)
     hbm_bpp = 2 * (b.master + b.moments) + b.grad + b.b16
-    dram_bpp = cpu_adam_bytes(c.cfg)
-    flow = c.paths.cpu_optimizer(whole(cpu * dram_bpp), dram_bpp) if cpu > 0 else None
+    flow = cpu_adam_flow(c, cpu) if cpu > 0 else None
     return HybridAdamStep(flow, gpu * hbm_bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, len(c.layers))
 
 

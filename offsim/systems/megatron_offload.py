@@ -33,10 +33,10 @@ The CPU AdamW rate is derived, not measured: torch's fused CPU kernel
 (``aten/src/ATen/native/cpu/FusedAdamKernel.cpp``, ``adam_fused_step_impl``) makes one vectorised
 pass per tensor, split over the intra-op threads by ``at::parallel_for``, that loads param, grad,
 exp_avg and exp_avg_sq and stores param, exp_avg and exp_avg_sq: 28 B of DRAM per fp32 element
-(:data:`CPU_ADAMW_DRAM_BYTES_PER_PARAM`). Assumption: that pass streams at the rank's share of the
-profile's DRAM bandwidth (its arithmetic, 2 mul + 5 FMA + sqrt + div per element, is the same as
-DeepSpeed's AVX kernel, which is memory-bound on these hosts); per-tensor Python and launch overhead
-is not modelled. Both make the modelled step a lower estimate.
+(:func:`offsim.plan.torch_cpu.adam_passes`). It is priced as every system's torch CPU code is
+(:func:`offsim.plan.torch_cpu.torch_pass_flow`, whose assumption is stated there: the DRAM
+efficiency DeepSpeed's CPU Adam reaches, and a per-thread streaming cap); per-tensor Python and
+launch overhead is not modelled, which makes the modelled step a lower estimate.
 
 **Activation offload** (``cpu_offloading``, TransformerEngine ``get_cpu_offload_context``): the
 tensors the first ``cpu_offloading_num_layers`` blocks save for backward go D2H into pinned host
@@ -60,14 +60,14 @@ from pydantic import Field
 from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
-from offsim.core.enums import Activity, Link, MechanismId, Phase, Res, StreamKind, TensorKind, Tier
+from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
 from offsim.errors import ConfigError
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
 from offsim.mechanisms.grads import grad_home
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan.footprint import StateSizes
-from offsim.plan.paths import UNCAPPED_BYTES_PER_S
+from offsim.plan.torch_cpu import AdamImpl, adam_passes, torch_pass_flow
 from offsim.schedule.ops import Alloc, Delay, Flow, Free, Join, StreamSpec, Tag, TensorRef
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
@@ -75,9 +75,6 @@ from offsim.systems._parts import Ctx, build_ctx, standard, whole
 
 OPTIONS: frozenset[str] = frozenset(())
 
-#: DRAM bytes per fp32 element of torch's fused CPU AdamW: loads p, g, m, v (16 B), stores p, m, v
-#: (12 B) in one pass (``aten/src/ATen/native/cpu/FusedAdamKernel.cpp``, ``adam_fused_step_impl``).
-CPU_ADAMW_DRAM_BYTES_PER_PARAM = 28.0
 #: HBM bytes per element of the GPU share's step: FusedAdam over fp32 master, grad and moments
 #: (28 B, TE ``multi_tensor_adam``), then ``fp32_param_copy_back_gpu_hook``'s ``param.data.copy_``
 #: of the fp32 master into the 16-bit parameter (4 B read, 2 B written).
@@ -228,11 +225,12 @@ def cpu_share_params(c: Ctx, o: Options) -> float:
     return min(local, math.ceil(f * local / unit - 1e-9) * unit)
 
 
-def cpu_adamw(nparams: float) -> Flow:
-    """Torch's fused CPU AdamW over ``nparams`` fp32 elements: bound by the rank's DRAM share
-    (:data:`CPU_ADAMW_DRAM_BYTES_PER_PARAM`; the assumption is in the module docstring)."""
-    return Flow(whole(nparams * CPU_ADAMW_DRAM_BYTES_PER_PARAM), ((Res.DRAM, 1.0),), UNCAPPED_BYTES_PER_S,
-                (Link.CPU,))
+def cpu_adamw(c: Ctx, nparams: float) -> Flow:
+    """Torch's fused CPU AdamW (``torch.optim.AdamW(fused=True)``, weight decay inside the kernel)
+    over ``nparams`` elements of the master dtype, on the rank's share of the node's cores."""
+    master_b = DTYPE_BYTES[c.cfg.workload.precision.master_params]
+    passes = adam_passes(AdamImpl.FUSED, master_b, master_b, weight_decay=True, decoupled=True)
+    return torch_pass_flow(c.cfg.hardware, c.sz.ranks_per_node, None, nparams, passes)
 
 
 def cpu_tensors(c: Ctx, o: Options) -> tuple[CpuTensor, ...]:
@@ -245,7 +243,7 @@ def cpu_tensors(c: Ctx, o: Options) -> tuple[CpuTensor, ...]:
         p = min(unit, left)
         left -= p
         low = whole(p * c.bpp_param)
-        out.append(CpuTensor(p, c.paths.dma(False, whole(p * grad_b), o.pin_cpu_grads), cpu_adamw(p),
+        out.append(CpuTensor(p, c.paths.dma(False, whole(p * grad_b), o.pin_cpu_grads), cpu_adamw(c, p),
                              c.paths.host_copy(whole(p * (master_b + c.bpp_param))),
                              c.paths.dma(True, low, pinned=False), low))
     return tuple(out)
@@ -256,7 +254,8 @@ def hybrid_optimizer(c: Ctx, o: Options) -> HybridOptimizer:
     tensors = cpu_tensors(c, o)
     on_gpu = c.sz.local_params - sum(t.params for t in tensors)
     gpu_s = on_gpu * GPU_STEP_HBM_BYTES_PER_PARAM / c.cfg.hardware.gpu.hbm_bytes_per_s
-    whole_share = None if o.overlap_cpu_optimizer_d2h_h2d or not tensors else cpu_adamw(sum(t.params for t in tensors))
+    overlapped = o.overlap_cpu_optimizer_d2h_h2d or not tensors
+    whole_share = None if overlapped else cpu_adamw(c, sum(t.params for t in tensors))
     gather = c.collective(c.sz.param_bytes, 1.0) if c.st.zero_stage in (1, 2) else None
     return HybridOptimizer(tensors, gpu_s, o.overlap_cpu_optimizer_d2h_h2d, whole_share, gather, len(c.layers))
 
