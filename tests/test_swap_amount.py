@@ -13,8 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from offsim import load_profile, load_strategy, load_workload, make_run_config, simulate
+from offsim.core.enums import Res
 from offsim.plan.footprint import state_sizes
 from offsim.policies.auto_swap import AutoSwapConfig
+from offsim.schedule.bound import RES_NAMES
 from offsim.search.swap_amount import choose_swap_blocks, per_block_plan, swap_stalls_s
 from tests.test_systems import variant
 
@@ -45,7 +47,7 @@ def test_ssd_bound_fuyou_recomputes_every_block() -> None:
     every block is simulated much slower."""
     cfg = make_run_config(_testbed_with_drives(4), variant("gpt3-13b", micro_batch=8, flash_attention=True), "fuyou")
     choice = choose_swap_blocks(cfg, state_sizes(cfg), "nvme")
-    assert choice.blocks == 0 and choice.chosen.binding == "nvme"
+    assert choice.blocks == 0 and choice.chosen.binding == RES_NAMES[Res.NVME]
     chosen = _time(cfg)
     all_swapped = _time(per_block_plan(cfg, choice.total_blocks, choice.total_blocks, "nvme"))
     assert chosen == pytest.approx(_time(per_block_plan(cfg, 0, choice.total_blocks, "nvme")))
