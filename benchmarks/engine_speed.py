@@ -4,6 +4,8 @@ Run: ``python benchmarks/engine_speed.py`` (prints a table; the figures go in th
 This is a benchmark, not a test: timings on shared machines are noisy, so nothing asserts them.
 """
 
+# ruff: noqa: T201 - a benchmark prints its figures
+
 from __future__ import annotations
 
 import platform
