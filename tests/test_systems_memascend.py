@@ -34,7 +34,15 @@ STATIC_MA = MA_POOL + PARAMS * 2 + 4 * PARAMS * 4 + PARAMS * 2  # exact sizes
 
 
 def strategy(name: str, **update) -> object:
+    """A shipped strategy with ``update``; zero-infinity-nvme as DeepSpeed v0.16.9 runs it, its NVMe
+    swap buffers pinned by PyTorch (``nvme_swap_buffers`` torch_pinned, v0.3.15-v0.19.3), the
+    baseline MemAscend measured against, unless ``update`` says otherwise."""
+    if name == "zero-infinity-nvme":
+        update = {"nvme_swap_buffers": "torch_pinned", **update}
     return load_strategy(name).model_copy(update=update)
+
+
+ZI = strategy("zero-infinity-nvme")  # DeepSpeed v0.16.9's ZeRO-Infinity (see strategy())
 
 
 def fp16(name: str) -> object:
@@ -73,7 +81,7 @@ def test_sub_groups_close_once_they_reach_sub_group_size() -> None:
 
 
 def test_tiny_tensor_partitions() -> None:
-    cfg = make_run_config("tiny", "tiny", "zero-infinity-nvme")
+    cfg = make_run_config("tiny", "tiny", ZI)
     parts = param_partitions(cfg, state_sizes(cfg))
     assert sum(parts) == PARAMS and len(parts) == 1 + 4 * 7 + 2
     assert parts[:5] == [8_388_608] + [1_048_576] * 4
@@ -86,7 +94,7 @@ def test_fixed_param_pool_holds_the_largest_parameter() -> None:
     cfg = make_run_config("tiny", "tiny", strategy("zero-infinity-nvme", pinned_buffer_mib=1.0))
     parts = param_partitions(cfg, state_sizes(cfg))
     assert param_pool_bytes(cfg, parts, 2.0) == 5 * 8_388_608 * 2
-    cfg = make_run_config("tiny", "tiny", "zero-infinity-nvme")
+    cfg = make_run_config("tiny", "tiny", ZI)
     assert param_pool_bytes(cfg, parts, 2.0) == pytest.approx(5 * 190.7 * 2**20)
 
 
@@ -101,16 +109,30 @@ def test_zero_infinity_nvme_host_buffers_on_tiny() -> None:
     parameter pool 5 x 190.7 MiB -> 2^30; max_in_cpu buffer 134,236,160 B -> 2^28 (no partitioned
     swap space: the one sub-group fits it whole); 4 optimizer buffers of 268,472,320 B -> 2^29
     each; 16-bit gradients 134,236,160 B -> 2^28. The peak adds the first step's moments."""
-    cfg = make_run_config("tiny", "tiny", "zero-infinity-nvme")
+    cfg = make_run_config("tiny", "tiny", ZI)
     bd = footprint(cfg).breakdown
     assert bd["host_pinned"]["parameter swap buffers (offload_param)"] == 2**30
     assert bd["host_pinned"]["parameters kept in CPU (offload_param.max_in_cpu)"] == 2**28
     assert bd["host_pinned"]["optimizer swap buffers (offload_optimizer)"] == 4 * 2**29
     assert bd["host_pinned"]["16-bit gradient partitions (grad_partitions_flat_buffer)"] == 2**28
     assert not any("partitioned parameter swap space" in k for k in bd["host_pinned"])
-    m = run("tiny", "tiny", "zero-infinity-nvme")
+    m = run("tiny", "tiny", ZI)
     assert m.peak_bytes.host_pinned == STATIC_DS
     assert m.peak_bytes.host == STATIC_DS + MOMENTS
+
+
+def test_current_release_locks_swap_buffers_of_the_exact_size() -> None:
+    """DeepSpeed v0.19.4+ (PR #8212): the swappers' buffers are posix_memalign + mlock of the
+    exact size (csrc/pin_memory/page_alloc.cpp), zeroed in place: parameter pool 5 x 190.7 MiB =
+    999,817,216 B (not 2^30); 4 optimizer buffers of 268,472,320 B (not 2^29 each). The max_in_cpu
+    buffer and the 16-bit gradients are still pinned by PyTorch (2^28 each)."""
+    cfg = make_run_config("tiny", "tiny", load_strategy("zero-infinity-nvme"))
+    assert cfg.strategy.nvme_swap_buffers == "locked"
+    bd = footprint(cfg).breakdown["host_pinned"]
+    assert bd["parameter swap buffers (offload_param)"] == pytest.approx(999_817_216, abs=1)
+    assert bd["optimizer swap buffers (offload_optimizer)"] == 4 * 268_472_320
+    assert bd["parameters kept in CPU (offload_param.max_in_cpu)"] == 2**28
+    assert bd["16-bit gradient partitions (grad_partitions_flat_buffer)"] == 2**28
 
 
 def test_memascend_host_buffers_on_tiny() -> None:
@@ -125,7 +147,7 @@ def test_pin_memory_copy_is_the_start_up_peak() -> None:
     and the 2^28-byte pinned copy coexist, the highest level at start-up (t = 0); allocating pinned
     zeros directly leaves the fp32 gradient buffer of initialize_optimizer_states (268,472,320 B,
     beside the pools) as the start-up peak."""
-    copy = result("tiny", "tiny", "zero-infinity-nvme")
+    copy = result("tiny", "tiny", ZI)
     assert host_levels(copy, until_s=0.0) == STATIC_DS + PARAMS * 2
     direct = result("tiny", "tiny", strategy("zero-infinity-nvme", pin_by_copy=False))
     assert host_levels(direct, until_s=0.0) == STATIC_DS - 2**28 + PARAMS * 4
@@ -134,7 +156,7 @@ def test_pin_memory_copy_is_the_start_up_peak() -> None:
 def test_first_step_moments_appear_once() -> None:
     """CPU Adam creates the moments (pageable) at the first step only; later steps of a bf16 run
     add nothing (no overflow check for bf16)."""
-    r = result("tiny", "tiny", "zero-infinity-nvme")
+    r = result("tiny", "tiny", ZI)
     second = r.recorder.iteration_starts_s[1]
     assert host_levels(r, until_s=second) == STATIC_DS + MOMENTS
     assert host_levels(r, after_s=second) == STATIC_DS
@@ -145,9 +167,9 @@ def test_fp16_overflow_check_temporaries_every_step() -> None:
     gradient element alive together: 67,118,080 x 3 B at each step; fused: none; bf16: skipped."""
     wl = fp16("tiny")
     for workload, nbytes in (("tiny", 0.0), (wl, PARAMS * 3)):
-        cfg = make_run_config("tiny", workload, "zero-infinity-nvme")
+        cfg = make_run_config("tiny", workload, ZI)
         assert overflow_check_bytes(cfg, state_sizes(cfg)) == nbytes
-    r = result("tiny", wl, "zero-infinity-nvme")
+    r = result("tiny", wl, ZI)
     second = r.recorder.iteration_starts_s[1]
     assert host_levels(r, after_s=second) == STATIC_DS + PARAMS * 3
     fused = result("tiny", wl, strategy("zero-infinity-nvme", system="memascend", overflow_check="fused"))
@@ -163,10 +185,10 @@ def test_pageable_gradient_buffer_without_pin_memory() -> None:
 
 
 @pytest.mark.parametrize(("workload", "name"), [
-    ("tiny", "zero-infinity-nvme"), ("tiny", "memascend"), ("tiny", "zero-infinity-cpu"),
-    (fp16("tiny"), "zero-infinity-nvme"), (fp16("tiny"), "zero-infinity-cpu"),
+    ("tiny", ZI), ("tiny", "memascend"), ("tiny", "zero-infinity-cpu"),
+    (fp16("tiny"), ZI), (fp16("tiny"), "zero-infinity-cpu"),
 ])
-def test_footprint_bounds_the_engine(workload, name: str) -> None:
+def test_footprint_bounds_the_engine(workload, name) -> None:
     """The planner's footprint is an upper bound on the host levels the engine reaches."""
     cfg = make_run_config("tiny", workload, name)
     fp, m = footprint(cfg), run("tiny", workload, name)
@@ -179,7 +201,7 @@ def test_memascend_lowers_peak_pinned_host_memory() -> None:
     """MemAscend (arXiv 2505.23254): exact-size pinned buffers, an adaptive parameter pool and
     pinned allocation without copies lower peak system memory, with the same data movement
     (direction)."""
-    ds = run("rtx4090-pcie4-ws", "llama2-13b", "zero-infinity-nvme")
+    ds = run("rtx4090-pcie4-ws", "llama2-13b", ZI)
     ma = run("rtx4090-pcie4-ws", "llama2-13b", "memascend")
     assert ma.peak_bytes.host_pinned < ds.peak_bytes.host_pinned
     assert ma.peak_bytes.host < ds.peak_bytes.host
@@ -193,7 +215,7 @@ def test_memascend_lowers_peak_pinned_host_memory() -> None:
     (fp16("llama2-13b"), {"overflow_check": "fused"}),  # DeepSpeed checks overflow for fp16 only
 ])
 def test_each_memascend_switch_alone_lowers_peak_host(workload, switch: dict) -> None:
-    ds = run("rtx4090-pcie4-ws", workload, "zero-infinity-nvme")
+    ds = run("rtx4090-pcie4-ws", workload, ZI)
     one = run("rtx4090-pcie4-ws", workload, strategy("zero-infinity-nvme", system="memascend", **switch))
     assert one.peak_bytes.host < ds.peak_bytes.host
     assert one.traffic_bytes == ds.traffic_bytes
@@ -218,6 +240,6 @@ def test_memascend_headline_reduction(workload: str) -> None:
     """MemAscend (arXiv 2505.23254) abstract: 55.7% lower peak system memory on average than
     standard SSD offloading (ZeRO-Infinity). Generous range: 35% to 75% lower peak host memory
     (pinned + pageable) on rtx4090-pcie4-ws. offsim's average over these four models is 35.2%."""
-    ds = run("rtx4090-pcie4-ws", workload, "zero-infinity-nvme")
+    ds = run("rtx4090-pcie4-ws", workload, ZI)
     ma = run("rtx4090-pcie4-ws", workload, "memascend")
     assert 0.35 <= 1 - ma.peak_bytes.host / ds.peak_bytes.host <= 0.75

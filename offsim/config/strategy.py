@@ -248,6 +248,16 @@ class Strategy(Frozen):
                     "(#8207, the current release): non_blocking into pinned memory. Sub-groups on NVMe use "
                     "the gradient swapper in every version (offsim.plan.deepspeed_versions)",
     )
+    nvme_swap_buffers: Literal["torch_pinned", "locked"] = Field(
+        default="locked",
+        description="DeepSpeed version switch (deepspeed_runtime.md 7-8): the NVMe swappers' host buffers "
+                    "(optimizer pool, parameter buffers, partitioned swap space). torch_pinned, v0.3.15-v0.19.3: "
+                    "get_accelerator().pin_memory(torch.zeros(...)) (swap_tensor/utils.py SwapBufferManager, "
+                    "partitioned_param_swapper.py), CUDA pinned, rounded up to a power of two by PyTorch's "
+                    "caching host allocator, made by copy; locked, v0.19.4+ (PR #8212, the current release): "
+                    "aio handle new_cpu_locked_tensor, posix_memalign + mlock of the exact size, not registered "
+                    "with CUDA, so copies between them and the GPU run at the pageable rate",
+    )
     gpudirect_storage: bool = Field(
         default=False,
         description="activations bound for NVMe move GPU <-> SSD directly (NVIDIA GPUDirect Storage, "

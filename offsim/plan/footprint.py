@@ -356,6 +356,18 @@ def _scratch(steps: list[HostStep], what: str, nbytes: float) -> None:
         steps += [HostStep("host_pageable", nbytes, what), HostStep("host_pageable", -nbytes, what)]
 
 
+def _swap_buffer(steps: list[HostStep], cfg: RunConfig, what: str, nbytes: float, written: bool) -> None:
+    """One NVMe swapper buffer as the release makes it (``strategy.nvme_swap_buffers``): locked
+    (v0.19.4+, PR #8212: csrc/aio ``new_cpu_locked_tensor``, posix_memalign + mlock of the exact
+    size, zeroed in place) or, before, a tensor pinned by PyTorch (:func:`_pinned`: rounded up to
+    a power of two, made by copy)."""
+    if cfg.strategy.nvme_swap_buffers == "locked":
+        if nbytes > 0:
+            steps.append(HostStep("host_pinned", nbytes, what))
+        return
+    _pinned(steps, cfg, what, nbytes, written)
+
+
 def _swap_steps(cfg: RunConfig, parts: list[int], groups: list[int], steps: list[HostStep]) -> None:
     """Buffers of the NVMe swappers, in DeepSpeed's order."""
     st, pr = cfg.strategy, cfg.workload.precision
@@ -363,7 +375,7 @@ def _swap_steps(cfg: RunConfig, parts: list[int], groups: list[int], steps: list
     swapped: list[int] = []
     if pl.params == "nvme":
         pool = param_pool_bytes(cfg, parts, bpp)
-        _pinned(steps, cfg, "parameter swap buffers (offload_param)", pool, False)
+        _swap_buffer(steps, cfg, "parameter swap buffers (offload_param)", pool, False)
         in_cpu = min(sum(parts), st.max_in_cpu_params)  # stage3.py _create_param_groups_fp16_flat_cpu_memory
         _pinned(steps, cfg, "parameters kept in CPU (offload_param.max_in_cpu)", in_cpu * bpp, False)
         offset = 0
@@ -372,10 +384,10 @@ def _swap_steps(cfg: RunConfig, parts: list[int], groups: list[int], steps: list
             offset += g
         if swapped:  # stage3.py -> partitioned_param_swapper.reserve_partitioned_swap_space
             what = "partitioned parameter swap space (largest sub-group, 16-bit)"
-            _pinned(steps, cfg, what, max(groups) * bpp, True)
+            _swap_buffer(steps, cfg, what, max(groups) * bpp, True)
     if pl.optimizer_states == "nvme":  # swap_tensor/utils.py SwapBufferManager
         for _ in range(st.optimizer_buffer_count):
-            _pinned(steps, cfg, "optimizer swap buffers (offload_optimizer)", max(groups) * fp32, True)
+            _swap_buffer(steps, cfg, "optimizer swap buffers (offload_optimizer)", max(groups) * fp32, True)
         if swapped:  # stage3.py _create_fp32_partitions: unpinned fp32 copy of a swapped sub-group
             _scratch(steps, "fp32 master parameters being initialised", max(swapped) * fp32)
 

@@ -218,7 +218,9 @@ def param_fetch(c: Ctx) -> ParamFetch | None:
             part *= c.host_share[lay.index]
             home = home if part > 0 else "gpu"
         nvme = c.paths.nvme(True, whole(part)) if home == "nvme" else None
-        h2d = c.paths.dma(True, whole(part), pinned=True if home == "nvme" else c.st.pin_memory) \
+        # NVMe-homed parameters arrive in the parameter swapper's buffers: CUDA-pinned before v0.19.4,
+        # mlock'd and unregistered since (strategy.nvme_swap_buffers; partitioned_param_swapper.py)
+        h2d = c.paths.dma(True, whole(part), pinned=_swap_buffers_pinned(c) if home == "nvme" else c.st.pin_memory) \
             if home in ("nvme", "cpu") else None
         gather = c.collective(full, 1.0) if c.sz.param_part > 1 else None
         out.append(LayerFetch(whole(full), nvme, h2d, gather, min(whole(part), staging_cap)))
@@ -344,6 +346,14 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None, swap_pool_units: in
 SWAP_UNIT_BYTES = 2**20
 
 
+def _swap_buffers_pinned(c: Ctx) -> bool:
+    """Whether copies between the GPU and DeepSpeed's NVMe swap buffers run pinned: they are
+    CUDA-pinned tensors up to v0.19.3 and mlock'd memory CUDA does not know since v0.19.4
+    (PR #8212, ``new_cpu_locked_tensor``; deepspeed_runtime.md §7), copied at the pageable rate.
+    Other systems' staging buffers are pinned."""
+    return not _on_deepspeed_grads(c) or c.st.nvme_swap_buffers == "torch_pinned"
+
+
 def _on_deepspeed_grads(c: Ctx) -> bool:
     return c.v.deepspeed_grads and fp.deepspeed_zero3_offload(c.cfg) and not c.layerwise
 
@@ -361,17 +371,18 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int) -> d
     elements on this rank; ``hg``: host bytes per element; ``swap_pool_units``: the gradient
     swapper's pool when gradients are on NVMe, else 0). The round trip is pinned iff
     ``pin_memory`` (``grad_partitions_flat_buffer``); the boundary fp32 copy into the swapper's
-    buffers is a blocking pageable one, as those are mlock'd, not CUDA-registered
-    (``new_cpu_locked_tensor``; async_swapper.py copies on the reduction stream and waits,
-    deepspeed_runtime.md §7); else the copy into the fp32 gradient as the release's
-    ``z3_fp32_grad_copy`` does it (:class:`Z3Fp32GradCopy`). MLP-Offload's 16-bit host gradients
-    (``delayed_grad_conversion``) have no boundary copy."""
+    buffers is blocking (swap_tensor/utils.py ``SwapBuffer.insert_tensor``: a synchronous
+    ``copy_``; deepspeed_runtime.md §7), pinned or pageable as :func:`_swap_buffers_pinned`
+    says; else the copy into the fp32 gradient as the release's ``z3_fp32_grad_copy`` does it
+    (:class:`Z3Fp32GradCopy`). MLP-Offload's 16-bit host gradients (``delayed_grad_conversion``)
+    have no boundary copy."""
     st = c.st
     fields: dict[str, Any] = {"roundtrip_h2d": c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory)}
     if st.delayed_grad_conversion:
         return fields
-    if st.placement.grads == "nvme":  # the gradient swapper: GPU cast, blocking copy into its locked buffers
-        fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), False), boundary_blocking=True)
+    if st.placement.grads == "nvme":  # the gradient swapper: GPU cast, blocking copy into its buffers
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), _swap_buffers_pinned(c)),
+                      boundary_blocking=True)
         if swap_pool_units > 0:
             fields["swap_units"] = min(swap_pool_units, max(1, math.ceil(local * hg / SWAP_UNIT_BYTES)))
         return fields
