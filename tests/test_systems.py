@@ -162,17 +162,36 @@ def test_fuyou_beats_zero_infinity_at_the_same_batch() -> None:
     assert 1.2 <= fy.tflops_per_gpu / zi.tflops_per_gpu <= 6.0
 
 
+#: micro-batches tried for ZeRO-Infinity's best on the Fuyou testbed (its largest that fits is 56
+#: in this tree: 60 is short by 1.74 ± 1.12 GiB of GPU memory)
+_ZI_BATCHES = (32, 48, 56, 64)
+
+
+def _best_hardware_tflops(wl_batches, strategy) -> tuple[int, float]:
+    """The micro-batch with the most hardware TFLOPS of ``strategy`` on the Fuyou testbed, among
+    those that fit, and that figure."""
+    best = (0, 0.0)
+    for mb in wl_batches:
+        m = simulate(make_run_config("fuyou-4090-testbed", _fuyou_13b(mb), strategy)).metrics
+        if m.feasible and m.hardware_tflops_per_gpu > best[1]:
+            best = (mb, m.hardware_tflops_per_gpu)
+    return best
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "Fuyou reports 156 vs 45 TFLOPS over ZeRO-Infinity for GPT-3 13B on an RTX 4090 (3.5x; LoHan, "
     "v2 of the paper, says 2.32x). On the artifact's testbed (12 SSDs) offsim reproduces Fuyou's own "
-    "figures at batch 32-64 (validation/cases.yaml fuyou-4090-13b-*: 141-143 vs 143-156 hardware "
-    "TFLOPS) but predicts ZeRO-Infinity (CPU checkpointing) at 95 hardware / 71 model TFLOPS at batch "
-    "32, its largest batch that fits, so Fuyou's best over ZeRO-Infinity's best is ~1.5x. The paper's "
-    "45 TFLOPS run (its batch and DeepSpeed configuration) is not published in what was read"))
+    "figures at batch 32-64 (validation/cases.yaml fuyou-4090-13b-*; 142.7 hardware / 107.0 model "
+    "TFLOPS at batch 64, every block recomputed: GPU memory admits no swap there) but predicts "
+    "ZeRO-Infinity (CPU checkpointing) at 101.2 hardware / 75.9 model TFLOPS at batch 56, its largest "
+    "batch that fits (82.6 at batch 32), so Fuyou's best over ZeRO-Infinity's best is 1.41x (1.73x "
+    "against batch 32). The paper's 45 TFLOPS run (its batch and DeepSpeed configuration) is not "
+    "published in what was read"))
 def test_fuyou_headline_over_zero_infinity() -> None:
     fy = run("fuyou-4090-testbed", _fuyou_13b(64), "fuyou")
-    zi = run("fuyou-4090-testbed", _fuyou_13b(32), _zero_infinity_cpu_checkpointing())
-    assert 2.0 <= fy.hardware_tflops_per_gpu / zi.hardware_tflops_per_gpu <= 6.0
+    zi_batch, zi_tflops = _best_hardware_tflops(_ZI_BATCHES, _zero_infinity_cpu_checkpointing())
+    assert zi_batch > 0
+    assert 2.0 <= fy.hardware_tflops_per_gpu / zi_tflops <= 6.0
 
 
 def _with_dram_gib(profile: str, gib: float):
