@@ -96,7 +96,7 @@ def test_profile_without_measured_rate_derives_it() -> None:
     hw = load_profile("h100-sxm5-gen5")
     assert hw.cpu.optimizer_rate_origin is RateOrigin.DERIVED
     assert hw.cpu.optimizer_params_per_s == pytest.approx(0.548 * 439e9 / 28, rel=1e-12)
-    cfg: Any = SimpleNamespace(hardware=hw)
+    cfg: Any = SimpleNamespace(hardware=hw, strategy=SimpleNamespace(cpu_adam_threads_per_rank=None))
     assert cpu_adam_rank_rate(cfg, 8) == pytest.approx(439e9 / 8 * 0.548 / 28, rel=1e-12)
 
 
@@ -104,7 +104,7 @@ def test_measured_rate_is_an_override() -> None:
     """dgx2-v100 states Table 4's 3.89e9: kept, and divided evenly among 16 ranks."""
     hw = load_profile("dgx2-v100")
     assert hw.cpu.optimizer_rate_origin is RateOrigin.MEASURED
-    cfg: Any = SimpleNamespace(hardware=hw)
+    cfg: Any = SimpleNamespace(hardware=hw, strategy=SimpleNamespace(cpu_adam_threads_per_rank=None))
     assert cpu_adam_rank_rate(cfg, 16) == pytest.approx(3.89e9 / 16, rel=1e-12)
 
 

@@ -248,6 +248,15 @@ class Strategy(Frozen):
                     "(#8207, the current release): non_blocking into pinned memory. Sub-groups on NVMe use "
                     "the gradient swapper in every version (offsim.plan.deepspeed_versions)",
     )
+    cpu_adam_threads_per_rank: int | None = Field(
+        default=None, ge=1,
+        description="OpenMP threads of each rank's CPU Adam (OMP_NUM_THREADS; DeepSpeed's launcher sets "
+                    "it to cores / local ranks only with --bind_cores_to_rank, v0.9.0+, PR #2881, "
+                    "deepspeed_runtime.md 14.7). None: the rank's share of the node's cores (an OpenMP team "
+                    "on all cores per rank time-shares them to the same share); fewer threads lower the "
+                    "compute and per-thread streaming bounds (offsim.plan.cpu_adam.rank_adam_params_per_s). "
+                    "A measured node rate (cpu.optimizer_rate_origin measured) already carries its threads",
+    )
     nvme_swap_buffers: Literal["torch_pinned", "locked"] = Field(
         default="locked",
         description="DeepSpeed version switch (deepspeed_runtime.md 7-8): the NVMe swappers' host buffers "

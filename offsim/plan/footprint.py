@@ -312,8 +312,8 @@ def param_pool_bytes(cfg: RunConfig, parts: Sequence[int], bytes_per_param: floa
     most the largest sum of ``buffer_count`` consecutive partitions in fetch order."""
     st = cfg.strategy
     count = st.pinned_buffer_count
-    if st.param_swap_pool == "fixed":
-        return count * max(st.pinned_buffer_bytes, max(parts) * bytes_per_param)
+    if st.param_swap_pool == "fixed":  # buffer_size is a whole number of elements
+        return count * max(round(st.pinned_buffer_bytes / bytes_per_param), max(parts)) * bytes_per_param
     window = max(sum(parts[k:k + count]) for k in range(max(1, len(parts) - count + 1)))
     return window * bytes_per_param
 

@@ -68,13 +68,14 @@ def cpu_adam_rank_rate(cfg: RunConfig, ranks_per_node: int) -> float:
 
     A measured profile figure (``cpu.optimizer_rate_origin`` measured) is the node's total,
     divided evenly among its ranks. Otherwise :func:`offsim.plan.cpu_adam.rank_adam_params_per_s`:
-    threads = the rank's share of the cores, DRAM = its socket's share, 28 B per fp32 element.
+    threads = the strategy's ``cpu_adam_threads_per_rank`` (None: the rank's share of the cores),
+    DRAM = its socket's share, 28 B per fp32 element.
     """
     hw = cfg.hardware
     if hw.cpu.optimizer_rate_origin is RateOrigin.MEASURED:
         return hw.cpu.optimizer_params_per_s / ranks_per_node
     host = hw.cpu.adam_host(hw.dram.bandwidth_bytes_per_s)
-    return cpu_adam.rank_adam_params_per_s(host, ranks_per_node)
+    return cpu_adam.rank_adam_params_per_s(host, ranks_per_node, cfg.strategy.cpu_adam_threads_per_rank)
 
 
 def gpu_link_bytes_per_s(cfg: RunConfig) -> float:
