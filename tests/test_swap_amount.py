@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from offsim import load_profile, load_strategy, load_workload, make_run_config, simulate
@@ -215,16 +215,18 @@ def test_fit_check_accepts_what_fuyous_gpu_rule_admits() -> None:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(gpu_gib=st.sampled_from([0.17, 0.18, 0.19, 0.2, 0.21, 0.25, 16.0]), pcie=SCALE, nvme=SCALE,
-       depth=st.sampled_from([0, 1, 2]), tier=st.sampled_from(["cpu", "nvme"]))
-def test_chosen_amount_fits_gpu_and_profiles_no_slower_than_recompute(gpu_gib, pcie, nvme, depth, tier) -> None:
+       gpu=st.sampled_from([0.25, 1.0]), depth=st.sampled_from([0, 1, 2]), tier=st.sampled_from(["cpu", "nvme"]))
+@example(gpu_gib=0.19, pcie=1.0, nvme=4.0, gpu=0.25, depth=2, tier="nvme")  # GPU memory binds: limit 1, time-best 4
+def test_chosen_amount_fits_gpu_and_profiles_no_slower_than_recompute(gpu_gib, pcie, nvme, gpu, depth, tier) -> None:
     """On ``tiny`` with 0.17-16 GiB of GPU memory (its blocks' swap buffers are 16 MiB each, so
-    the room binds anywhere from 0 to all 4 blocks) and any link and SSD speeds: the chosen count
-    is within Fuyou's GPU-memory limit, its plan fits every tier by the fit check, and its
-    profiled time is at most the all-recompute plan's (profiled alike, so no tolerance)."""
+    the room binds anywhere from 0 to all 4 blocks), any link and SSD speeds and a GPU at 1/4 or
+    full speed (recompute dear or cheap): the chosen count is within Fuyou's GPU-memory limit, its
+    plan fits every tier by the fit check, and its profiled time is at most the all-recompute
+    plan's (profiled alike, so no tolerance)."""
     s = load_strategy("fuyou")
     s = s.model_copy(update={"prefetch_depth": depth, "policies": s.policies.model_copy(
         update={"activations": AutoSwapConfig(tier=tier, checkpoint_tier="cpu")})})
-    cfg = make_run_config(_tiny_with(gpu_gib, pcie, nvme), load_workload("tiny"), s)
+    cfg = make_run_config(_tiny_with(gpu_gib, pcie, nvme, gpu), load_workload("tiny"), s)
     choice = choose_swap_blocks(cfg, state_sizes(cfg), tier)
     if not any(c.admissible for c in choice.candidates):
         assert choice.blocks == 0
