@@ -1,6 +1,8 @@
 """Fuyou's automatic activation swapping (Liao et al., arXiv 2403.06504): the first blocks swap
 their activations to ``tier``, the others are recomputed, and how many swap is chosen by a cost
-model before the run (:mod:`offsim.search.swap_amount`, which fills ``chosen``), not by the user."""
+model before the run (:mod:`offsim.search.swap_amount`, which fills ``chosen``), not by the user:
+the least predicted time among the counts whose swap buffers fit the GPU memory the other needs
+leave (Fuyou's GPU-memory bound) and whose footprint fits, then profiled."""
 
 from __future__ import annotations
 
