@@ -47,6 +47,25 @@ def test_a_point_that_differs_in_what_the_run_does_not_read_takes_the_earlier_ru
     assert (memo.hits, memo.misses) == (1, 1)
 
 
+def test_a_reused_run_carries_each_mechanism_s_peaks() -> None:
+    """The per-mechanism ledger (issue 14) of a reused run is the simulated run's."""
+    small, big = _with_dram(64, "zero-infinity-nvme"), _with_dram(96, "zero-infinity-nvme")
+
+    def peaks(cfg: RunConfig) -> dict[object, dict[str, int]]:
+        sz = state_sizes(cfg)
+        ex = sim.make_executor(cfg, sz)
+        ex.run()
+        return ex.memory.owner_peak_bytes
+
+    want = peaks(big)
+    assert want and any(p["gpu"] > 0 for p in want.values())
+    with reuse.reusing() as memo:
+        peaks(small)
+        got = peaks(big)
+    assert memo.hits == 1
+    assert got == want
+
+
 def test_a_machine_the_run_does_not_fit_is_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     """A kept run is handed out only where its peaks fit the host memory; below, the run is
     simulated and overflows as it would without reuse."""
