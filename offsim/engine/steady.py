@@ -479,24 +479,28 @@ def _cache(c: _Canon, cid: Any, cache: Cache | None) -> Any:
 
 def _phases(c: _Canon) -> Any:
     """The phases of the previous repetition on (earlier ones are final); the previous
-    repetition's must be final too (no op of its on the main stream is left)."""
+    repetition's must be final too (no op of its on the main stream is left).
+
+    Along iterations: those of the previous iteration on; along micro-batches: those of the
+    current micro-batch on, in the repeat's iteration. Tested on the absolute keys, made relative
+    only for those kept: a run that skipped many repetitions holds a phase per skipped one, and
+    every snapshot after walks them all (issue 16, 10,000 micro-batches)."""
     out = []
+    k = c.frame.k
+    if c.by_iteration:
+        for (it, mb, phase), (start_s, end_s) in c.ex.phases.items():
+            if it - k >= -1:
+                c.t(start_s)
+                c.t(end_s)
+                out.append((it - k, mb, phase))
+        return tuple(out)
+    iteration = c.frame.iteration
     for (it, mb, phase), (start_s, end_s) in c.ex.phases.items():
-        key = (c.iteration(it), c.micro_batch(mb), phase)
-        if _in_repetition(c, key) >= -1:
+        if it == iteration and mb >= k:
             c.t(start_s)
             c.t(end_s)
-            out.append(key)
+            out.append((0, mb - k, phase))
     return tuple(out)
-
-
-def _in_repetition(c: _Canon, key: tuple[int, int, str]) -> int:
-    """Repetitions from the current one to the one a phase key (relative) belongs to; -9 for
-    one outside the repeat's iteration."""
-    it, mb, _ = key
-    if c.by_iteration:
-        return it
-    return mb if it == 0 and mb >= 0 else -9
 
 
 # ---------------------------------------------------------------- the jump
