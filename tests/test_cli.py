@@ -91,6 +91,7 @@ def test_a_run_imports_only_its_own_command() -> None:
                             "except SystemExit as exc:\n    assert exc.code == 0, exc.code")
     assert not loaded & {"pandas", "plotly", "dask", "torch", "scipy"}
     assert not {m for m in loaded if m.startswith("offsim.commands.") and not m.startswith("offsim.commands._")}
+    assert "offsim.search.swap_amount" not in loaded  # nothing to search: zero-offload keeps its activations
     tune = _modules_after("from offsim.cli import app\ntry:\n    app(['tune', '--help'])\nexcept SystemExit:\n    pass")
     assert "offsim.commands.tune" in tune and "offsim.commands.compare" not in tune
 
