@@ -85,3 +85,23 @@ def test_the_gradient_swapper_blocks_the_host_when_its_pool_is_small() -> None:
     large = simulate(_cfg("zero-infinity-nvme", optimizer_buffer_count=16, sub_group_params=1e6))
     stalls = [s for s in small.recorder.spans if "gradient swapper" in s.name]
     assert stalls and small.metrics.phases_s.backward > large.metrics.phases_s.backward
+
+
+def test_backward_ends_when_the_reduction_stream_drains() -> None:
+    """§3 "End of backward": ``independent_gradient_partition_epilogue`` synchronizes the
+    reduction stream, so the host (and the backward) ends with the last gradient copy: the stall
+    ends exactly where the last boundary D2H ends, and nothing of the backward runs after it."""
+    result = simulate(_cfg("zero-infinity-cpu"))
+    spans = result.recorder.spans
+    last = max(s.iteration for s in spans)
+    drain = [s for s in spans if s.iteration == last and "end of backward" in s.name]
+    d2h_end = max(s.end_s for s in spans if s.iteration == last and s.kind == "grad_offload" and s.resource == "d2h")
+    backward_end = max(s.end_s for s in spans if s.iteration == last and s.phase == "backward")
+    assert len(drain) == 1 and drain[0].end_s == d2h_end == backward_end
+
+
+def test_no_drain_wait_with_gradients_on_nvme() -> None:
+    """With gradients on NVMe the swapper's writes go on after backward (its last flush is in
+    step()), and its blocking copies already hold the host: no end-of-backward wait."""
+    spans = simulate(_cfg("zero-infinity-nvme")).recorder.spans
+    assert not [s for s in spans if "end of backward" in s.name]

@@ -112,13 +112,16 @@ class Grads:
     """Reduce, compress, offload and accumulate gradients; ``overlap``: backward continues while
     they leave (else it waits); ``host_slots``: layer-wise host gradient buffers (None: none);
     ``swap_pool_units``: DeepSpeed's gradient swapper's pool (0: none), in the units of
-    :attr:`LayerGrads.swap_units`."""
+    :attr:`LayerGrads.swap_units`; ``drain_at_end``: the backward ends with the host waiting for
+    every layer's gradient copies (DeepSpeed ZeRO-3's ``independent_gradient_partition_epilogue``:
+    ``reduce_and_partition_stream.synchronize()``, deepspeed_runtime.md §3 "End of backward")."""
 
     layers: tuple[LayerGrads, ...]
     overlap: bool
     host_slots: int | None
     io_concurrency: int | None = None
     swap_pool_units: int = 0
+    drain_at_end: bool = False
     id: MechanismId = MechanismId.GRADS
 
     def setup(self) -> Setup:
@@ -158,6 +161,11 @@ class Grads:
                       reads=(grad16(site.layer),), writes=(grad_home(site.layer),))
             return
         self._offload(b, site, g)
+        if self.drain_at_end and site.layer == 0:  # the last layer of backward: the epilogue's sync
+            homes = tuple(grad_home(u) for u, lg in enumerate(self.layers) if lg.offloaded)
+            b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer,
+                              label="waits for the reduction stream (end of backward)"), COMPUTE, reads=homes,
+                  stall=Wait("the reduction stream at the end of backward"))
 
     def _offload(self, b: BlockBuilder, site: Site, g: LayerGrads) -> None:
         u = site.layer

@@ -404,7 +404,10 @@ def grads(c: Ctx) -> Grads:
     swapped = _on_deepspeed_grads(c) and c.st.placement.grads == "nvme" and not c.st.delayed_grad_conversion
     pool = max(1, int(_swap_pool_bytes(c) // SWAP_UNIT_BYTES)) if swapped else 0
     layers = tuple(_layer_grads(c, lay, slots, pool) for lay in c.layers)
-    return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool)
+    # the epilogue syncs the reduction stream; with gradients on NVMe their writes go on (the
+    # swapper's last flush is in step()), and its blocking copies already hold the host
+    drain = _on_deepspeed_grads(c) and c.st.placement.grads != "nvme"
+    return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain)
 
 
 def storage(c: Ctx, read: bool, nbytes: float) -> StorageIO:
