@@ -75,12 +75,11 @@ def steady_iterations(cfg: RunConfig, rec: Recorder) -> tuple[list[int], list[fl
     """Indices and durations of the iterations the metrics average over.
 
     An iteration lasts from its start to the next one's (the last ends when all work ends).
-    With the delayed parameter update the last iteration's step is not overlapped with a next
-    iteration, so it is left out.
+    The system's trailing iterations (``cfg.tail_iterations``: with the delayed parameter update
+    the last step, which no next iteration overlaps) are left out.
     """
     bounds = [*rec.iteration_starts_s, rec.end_s]
-    last = cfg.iterations - (1 if cfg.strategy.delayed_param_update else 0)
-    idx = list(range(cfg.warmup_iterations, last))
+    idx = list(cfg.measured_range)
     return idx, [bounds[k + 1] - bounds[k] for k in idx]
 
 

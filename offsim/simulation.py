@@ -26,7 +26,7 @@ from offsim.plan.policy_plan import activation_policy, custom_activations
 from offsim.results import RunResult
 from offsim.systems._compile import System, compile_system
 from offsim.systems._policies import run_policies
-from offsim.systems._registry import compose
+from offsim.systems._registry import compose, compose_measured
 from offsim.trace import Recorder
 
 
@@ -88,7 +88,7 @@ def simulate_resolved(cfg: RunConfig, on_iteration: Callable[[int, int], None] |
     ``on_iteration(done, total)`` reports progress as iterations finish."""
     t0 = time.perf_counter()
     sz = state_sizes(cfg)
-    system = compose(cfg, sz)
+    cfg, system = compose_measured(cfg, sz)
     fp = footprint_of(system, cfg, sz)
     fp_dict = {"need": fp.need_bytes, "capacity": fp.capacity_bytes}
     try:

@@ -122,8 +122,10 @@ def test_every_submitted_step_runs_and_each_wait_follows_it(u: int, extra: int, 
     """Simulated on tiny with a slow CPU: one worker Adam per submitted boundary, in order; the
     wait of each overlapped boundary ends when the worker step submitted before it ends."""
     iterations = u + 1 + extra
-    plans = step_plans(Options(update_interval=u, overlap_step=overlap), iterations)
     r = run(slow_cpu_tiny(), "tiny", zenflow(update_interval=u, overlap_step=overlap), iterations, 1)
+    # the run measures whole windows after the first (ZenFlowStep.measure_window raises the count)
+    assert (r.config.warmup_iterations, r.config.steady_iterations % u, r.config.tail_iterations) == (u, 0, 1)
+    plans = step_plans(Options(update_interval=u, overlap_step=overlap), r.config.iterations)
     adam = spans(r, ADAM)
     assert [s.iteration for s in adam] == [k for k, p in enumerate(plans) if p.submits]
     assert all(a.end_s <= b.start_s + 1e-12 for a, b in pairwise(adam))
@@ -152,15 +154,17 @@ def test_window_timeline_on_tiny_by_hand() -> None:
     The boundary of step 3 waits for the CPU step step 1 submitted, then cast, upload, unscale,
     and submits its own: the second CPU step starts cast + up + unscale after the first ends.
     The GPU runs steps 2 and 3 while the first CPU step runs (step 2's forward starts as it does).
-    Steady steps 2-5: from the first Adam's start to the last upload's end (step 5 submits none):
-    2 (Adam + cast + up) + unscale."""
+    Steady steps 2-5 (and step 6 after them, so that step 5 submits its CPU step as every
+    boundary does): each window's chain is Adam + cast + up + unscale, so 2 (Adam + cast + up +
+    unscale) over 4 steps."""
     p = 67_118_080
     assert state_sizes(make_run_config("tiny", "tiny", "zenflow")).params_total == p
     adam_s, cast_s, up_s, unscale_s = p / 5e7, 6 * p / 1e11, 2 * p / 5e8, 8 * p / 1e11
     r = run(slow_cpu_tiny(), "tiny", zenflow(update_interval=2), iterations=6, warmup=2)
     adam = spans(r, ADAM)
-    assert [s.iteration for s in adam] == [1, 3]
-    assert [s.end_s - s.start_s for s in adam] == pytest.approx([adam_s] * 2, rel=1e-9)
+    assert r.config.iterations == 7  # one step after the measured windows (ZenFlowStep.measure_window)
+    assert [s.iteration for s in adam] == [1, 3, 5]
+    assert [s.end_s - s.start_s for s in adam] == pytest.approx([adam_s] * 3, rel=1e-9)
     assert [s.end_s - s.start_s for s in spans(r, "stale_param cast to 16-bit on the host")] == pytest.approx(
         [cast_s] * 2, rel=1e-9)
     assert [s.end_s - s.start_s for s in spans(r, "parameters up")] == pytest.approx([up_s] * 2, rel=1e-9)
@@ -171,7 +175,7 @@ def test_window_timeline_on_tiny_by_hand() -> None:
     assert max(s.end_s for s in backward3) < adam[0].end_s  # a whole window of GPU work under the CPU step
     wait = spans(r, "waits for the previous window's CPU step")
     assert [s.iteration for s in wait] == [3, 5] and wait[0].end_s == pytest.approx(adam[0].end_s, abs=1e-12)
-    assert r.metrics.iteration_time_s == pytest.approx((2 * (adam_s + cast_s + up_s) + unscale_s) / 4, rel=1e-9)
+    assert r.metrics.iteration_time_s == pytest.approx(2 * (adam_s + cast_s + up_s + unscale_s) / 4, rel=1e-9)
 
 
 def test_without_overlap_the_step_waits_for_every_cpu_step() -> None:

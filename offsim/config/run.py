@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from offsim.config.loading import load_profile, load_strategy, load_workload, re
 from offsim.config.reading import Reading
 from offsim.config.strategy import Strategy
 from offsim.config.workload import Workload
+from offsim.core.window import MeasureWindow
 from offsim.errors import ConfigError
 
 
@@ -22,6 +24,8 @@ class RunConfig(Frozen):
     Attributes:
         iterations: optimizer steps simulated.
         warmup_iterations: leading steps excluded from the steady-state metrics.
+        tail_iterations: trailing steps excluded from them (set from the system's
+            :class:`MeasureWindow` when the run is composed: work a next iteration would overlap).
     """
 
     hardware: HardwareProfile
@@ -29,6 +33,7 @@ class RunConfig(Frozen):
     strategy: Strategy
     iterations: int = Field(default=3, ge=1, le=1000)
     warmup_iterations: int = Field(default=1, ge=0)
+    tail_iterations: int = Field(default=0, ge=0)
     notes: tuple[str, ...] = Field(
         default=(), exclude=True,
         description="what offsim says about the inputs: keys of a user's strategy file it ignores, "
@@ -59,8 +64,8 @@ class RunConfig(Frozen):
         if st.lp_copy == "fused_zero_copy" and wl.precision.params != "fp16":
             raise ValueError(f"strategy '{st.name}' lp_copy 'fused_zero_copy' needs fp16 parameters; workload "
                              f"'{wl.name}' has {wl.precision.params} (DeepSpeed fused the copy for fp16 only)")
-        if self.warmup_iterations >= self.iterations:
-            raise ValueError("warmup_iterations must be below iterations")
+        if self.warmup_iterations + self.tail_iterations >= self.iterations:
+            raise ValueError("warmup_iterations (plus the system's trailing iterations) must be below iterations")
         return self
 
     @property
@@ -72,7 +77,27 @@ class RunConfig(Frozen):
     @property
     def steady_iterations(self) -> int:
         """Iterations the metrics average over."""
-        return self.iterations - self.warmup_iterations
+        return self.iterations - self.warmup_iterations - self.tail_iterations
+
+    @property
+    def measured_range(self) -> range:
+        """Indices of the iterations the metrics average over."""
+        return range(self.warmup_iterations, self.iterations - self.tail_iterations)
+
+
+def fit_window(cfg: RunConfig, window: MeasureWindow) -> RunConfig:
+    """``cfg`` with at least ``window.lead`` warmup iterations, ``window.tail`` trailing ones and
+    whole periods (at least one) measured; a note says what was raised and why."""
+    warmup = max(cfg.warmup_iterations, window.lead)
+    asked = max(1, cfg.iterations - cfg.warmup_iterations - cfg.tail_iterations)
+    steady = window.period * math.ceil(asked / window.period)
+    iterations = warmup + steady + window.tail
+    if (iterations, warmup, window.tail) == (cfg.iterations, cfg.warmup_iterations, cfg.tail_iterations):
+        return cfg
+    note = (f"iterations {cfg.iterations} -> {iterations} (warmup {cfg.warmup_iterations} -> {warmup}, "
+            f"{window.tail} trailing left out, {steady} measured): {window.why}")
+    return cfg.model_copy(update={"iterations": iterations, "warmup_iterations": warmup,
+                                  "tail_iterations": window.tail, "notes": (*cfg.notes, note)})
 
 
 def make_run_config(
@@ -101,8 +126,6 @@ def make_run_config(
         if reading is not None and reading.fmt != "offsim":
             wl, changed = apply_strategy_file(wl, reading)
             notes = reading.notes() + tuple(changed)
-    if st.delayed_param_update:
-        iterations = max(iterations, warmup_iterations + 2)
     try:
         return RunConfig(hardware=hw, workload=wl, strategy=st, iterations=iterations,
                          warmup_iterations=warmup_iterations, notes=notes)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from offsim.core.enums import Activity, CacheId, ChoiceId, MechanismId, Phase, StreamKind, TensorKind, Tier
+from offsim.core.window import MeasureWindow
 from offsim.mechanisms.base import (
     BlockBuilder,
     Moment,
@@ -174,6 +175,15 @@ class CpuOptimizer:
                         StreamSpec("opt_d2h", StreamKind.COPY, in_order=False))
             choices = (ChoiceSpec(ChoiceId.OPTIMIZER_SPLIT, self.split.default, self.split_program),)
         return Setup(streams=streams, pools=io_pools(self.io_concurrency), caches=caches, choices=choices)
+
+    def measure_window(self) -> MeasureWindow:
+        """With the delayed parameter update (ZeRO-Offload, arXiv 2101.06840 Sec. 4.3) a step
+        overlaps the next iteration: the first measured iteration needs a step before it, and the
+        last step has no iteration after it, so it is left out."""
+        if not self.delayed:
+            return MeasureWindow()
+        return MeasureWindow(lead=1, tail=1, why="the delayed parameter update overlaps each step with the next "
+                                                 "iteration, so the first and the last are not measured")
 
     def footprint(self) -> tuple[Need, ...]:
         """Pinned buffers of the sub-groups in flight (3 pipelined: reading, updating, writing;

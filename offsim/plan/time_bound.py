@@ -28,17 +28,20 @@ TimeBound = ScheduleBound
 def steady_indices(cfg: RunConfig) -> list[int]:
     """The iterations the metrics average over (the indices of
     :func:`offsim.metrics.steady_iterations`, which needs a finished run for their durations)."""
-    last = cfg.iterations - (1 if cfg.strategy.delayed_param_update else 0)
-    return list(range(cfg.warmup_iterations, last))
+    return list(cfg.measured_range)
 
 
 def time_lower_bound(cfg: RunConfig, sz: StateSizes | None = None, schedule: Schedule | None = None) -> TimeBound:
     """A lower bound on the simulated steady iteration time of ``cfg`` (module docstring);
-    ``schedule``: its compiled schedule, when the caller has it (else compiled here)."""
-    from offsim.systems._registry import compile_strategy  # systems compose plan modules
+    ``schedule``: its compiled schedule, when the caller has it, with ``cfg`` fitted to the
+    system's measurement window (:func:`offsim.systems._registry.compose_measured`); else both
+    are done here."""
+    from offsim.systems._compile import compile_system  # systems compose plan modules
+    from offsim.systems._registry import compose_measured
 
     sz = sz or state_sizes(cfg)
     if schedule is None:
-        schedule = compile_strategy(cfg, sz)
+        cfg, system = compose_measured(cfg, sz)
+        schedule = compile_system(system)
     capacity = {str(r): c for r, c in resource_capacities(cfg, sz.ranks_per_node, sz.dp).items()}
     return schedule_bound(schedule, capacity, cfg.hardware.gpu.copy_engines, steady_indices(cfg))

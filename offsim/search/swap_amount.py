@@ -270,8 +270,7 @@ def profile_s(cfg: RunConfig, n: int, total: int, tier: Literal["cpu", "nvme"]) 
     """Simulated steady iteration time of the plan with ``n`` swapped blocks; ``inf`` when the
     simulation finds it does not fit."""
     plan = per_block_plan(cfg, n, total, tier)
-    iterations = PROFILE_ITERATIONS + (1 if cfg.strategy.delayed_param_update else 0)
-    plan = plan.model_copy(update={"iterations": iterations, "warmup_iterations": 1})
+    plan = plan.model_copy(update={"iterations": PROFILE_ITERATIONS, "warmup_iterations": 1, "tail_iterations": 0})
     m = simulate_resolved(plan).metrics
     return m.iteration_time_s if m.feasible and m.iteration_time_s is not None else math.inf
 

@@ -35,7 +35,7 @@ from offsim.sweep.overrides import Library, OverrideError, apply_overrides, buil
 from offsim.sweep.prefilter import Frontier
 from offsim.sweep.spec import CostAssumptions, SweepPlan, _digest, canonical_json
 from offsim.systems._compile import compile_system
-from offsim.systems._registry import compose
+from offsim.systems._registry import compose_measured
 
 #: Columns that vary from run to run (kept out of the result table, stored beside it).
 TIMING_KEYS = ("wall_s",)
@@ -185,7 +185,7 @@ def _prefiltered(payload: Payload, cfg: RunConfig, frontier: Frontier | None, go
     takes no compiled schedule)."""
     wl = cfg.workload
     sz = state_sizes(cfg)
-    system = compose(cfg, sz)
+    cfg, system = compose_measured(cfg, sz)
     if footprint_of(system, cfg, sz).first_overflow() is not None:
         row["prefilter"] = "infeasible"
         return False

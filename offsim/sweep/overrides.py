@@ -468,8 +468,6 @@ def build_run_config(
         if cache is not None and section not in {resolve_axis(k).section for k in overrides}:
             cache[key] = models[section]
     run = dict(sections["run"])
-    if models["strategy"].delayed_param_update:  # type: ignore[attr-defined]  # as make_run_config: DPU needs one more step
-        run["iterations"] = max(run["iterations"], run["warmup_iterations"] + 2)
     try:
         return RunConfig(**models, **run)  # type: ignore[arg-type]
     except ValidationError as exc:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from offsim.config.run import RunConfig
+from offsim.config.run import RunConfig, fit_window
 from offsim.config.strategy import SYSTEM_OPTIONS, Strategy, known_systems, option_is_set
 from offsim.core.enums import ChoiceId
+from offsim.core.window import MeasureWindow
 from offsim.engine.hooks import ChoicePolicy
 from offsim.errors import ConfigError
 from offsim.plan.footprint import StateSizes
@@ -65,8 +66,28 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     return system
 
 
+def measure_window(system: System) -> MeasureWindow:
+    """The iterations ``system``'s steady metrics may average over: every mechanism's
+    ``measure_window()`` (those whose work crosses iteration boundaries) merged."""
+    window = MeasureWindow()
+    for mechanism in system.mechanisms.values():
+        declared = getattr(mechanism, "measure_window", None)
+        if declared is not None:
+            window = window.merged(declared())
+    return window
+
+
+def compose_measured(cfg: RunConfig, sz: StateSizes | None = None) -> tuple[RunConfig, System]:
+    """``cfg`` fitted to its system's measurement window (:func:`offsim.config.run.fit_window`:
+    iterations raised, with a note, where the system needs more), and the system composed for it."""
+    system = compose(cfg, sz)
+    fitted = fit_window(cfg, measure_window(system))
+    return (cfg, system) if fitted is cfg else (fitted, compose(fitted, sz))
+
+
 def compile_strategy(cfg: RunConfig, sz: StateSizes | None = None) -> Schedule:
-    """The schedule of ``cfg`` under the system its strategy names."""
+    """The schedule of ``cfg`` under the system its strategy names (``cfg`` as given: callers
+    that measure a run fit it first with :func:`compose_measured`)."""
     return compile_system(compose(cfg, sz))
 
 

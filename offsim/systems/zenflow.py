@@ -60,6 +60,7 @@ from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
 from offsim.core.enums import Activity, Link, MechanismId, Phase, Res, StreamKind, TensorKind, Tier
+from offsim.core.window import MeasureWindow
 from offsim.errors import ConfigError
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
@@ -250,7 +251,18 @@ class ZenFlowStep:
     gpu_bytes: tuple[tuple[str, int], ...]
     host_pinned_bytes: tuple[tuple[str, int], ...]
     host_bytes: tuple[tuple[str, int], ...]
+    update_interval: int = 1
     id: MechanismId = MechanismId.CPU_OPTIMIZER
+
+    def measure_window(self) -> MeasureWindow:
+        """Whole windows after the first: the steps of a window differ (the boundary's CPU step
+        is made once per window) and the first window has no CPU step beside it; and one step
+        after the last measured window, whose boundary then submits its CPU step as every
+        window's does (the run's last step submits none)."""
+        u = self.update_interval
+        return MeasureWindow(lead=u, tail=1, period=u,
+                             why=f"zenflow measures whole windows of update_interval {u} after the first (the CPU "
+                                 "step runs once per window, beside the next)")
 
     def setup(self) -> Setup:
         return Setup(streams=(StreamSpec(WORKER, StreamKind.CPU), StreamSpec(UP, StreamKind.COPY, in_order=False),
@@ -423,7 +435,8 @@ def zenflow_step(c: Ctx, o: Options) -> ZenFlowStep:
         _host_pass(pr * (master + c.bpp_param)), c.paths.dma(True, whole(pr * c.bpp_param), pinned=False),
         c.collective(sz.param_bytes, 1.0) if st.zero_stage in (1, 2) else None,
         c.paths.dma(False, whole(pr * c.bpp_param), pinned=False), _host_pass(pr * RESYNC_DRAM_BYTES),
-        held.get(Tier.GPU, ()), held.get(Tier.HOST_PINNED, ()), held.get(Tier.HOST_PAGEABLE, ()))
+        held.get(Tier.GPU, ()), held.get(Tier.HOST_PINNED, ()), held.get(Tier.HOST_PAGEABLE, ()),
+        update_interval(o, st.name))
 
 
 def _check(cfg: RunConfig) -> None:
