@@ -134,6 +134,7 @@ class Moment(StrEnum):
     START_UP = "start-up"              # the set-up before the first iteration
     STEP_START = "step start"          # the checks before the sub-group loop (overflow check)
     FIRST_STEP = "first step"          # the first step's sub-groups (moments created)
+    STEP = "step"                      # a GPU step's per-sub-group temporaries
 
 
 @dataclass(frozen=True, slots=True)

@@ -490,7 +490,8 @@ def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimi
     if st.optimizer_device == "gpu":
         bpp = 2 * sz.optimizer_bytes_per_param + c.bpp_grad + c.bpp_param
         gather = c.collective(sz.param_bytes, 1.0) if st.zero_stage in (1, 2) else None
-        return GpuOptimizer(sz.local_params * bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, gather, n)
+        return GpuOptimizer(sz.local_params * bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, gather, n,
+                            _zero3_step_transient(c))
     groups = subgroups(c)
     cache = _dram_cache(c, groups)
     on_storage = st.placement.optimizer_states == "nvme"
@@ -503,6 +504,19 @@ def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimi
                         st.optimizer_swap_pipeline, n, cache, whole(fp.overflow_check_bytes(c.cfg, sz)),
                         resident * gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
                         st.delayed_param_update, on_storage, bypass, c.v.io_concurrency, split)
+
+
+def _zero3_step_transient(c: Ctx) -> int:
+    """DeepSpeed ZeRO-3 without offload (stage3.py ``_prepare_fp32_grad_for_sub_group``): per
+    sub-group, ``flatten(averaged_gradients).to(fp32)``, the 16-bit flat copy (b_grad) and the fp32
+    gradient (4 B) alive together, a sub-group being ``sub_group_size`` elements of the rank's
+    partition at most (a group closes once it reaches that size; the overshoot by one tensor is
+    not counted here). 0 off ZeRO-3."""
+    sz, st = c.sz, c.st
+    if st.zero_stage != 3:
+        return 0
+    group = min(float(st.sub_group_params), sz.local_params)
+    return whole(group * (c.bpp_grad + DTYPE_BYTES[c.cfg.workload.precision.optimizer_grads]))
 
 
 def static_state(c: Ctx) -> StaticState:
