@@ -13,6 +13,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from offsim.cache_stats import cache_stats
 from offsim.config.run import RunConfig
@@ -24,6 +25,7 @@ from offsim.plan.footprint import StateSizes, capacities, state_sizes
 from offsim.plan.paths import resource_capacities
 from offsim.plan.policy_plan import activation_policy, custom_activations
 from offsim.results import RunResult
+from offsim.schedule.ops import Schedule
 from offsim.systems._compile import System, compile_system
 from offsim.systems._policies import run_policies
 from offsim.systems._registry import compose, compose_measured
@@ -38,25 +40,60 @@ def machine(cfg: RunConfig, sz: StateSizes) -> Machine:
                    sz.ranks_per_node, hw.topology.nodes)
 
 
+@dataclass(frozen=True)
+class Composed:
+    """A configuration composed and compiled once, for every consumer of the same point (issue
+    16: the sweep's pre-filter composes and compiles a point for its time bound, and the
+    simulation used to do both again).
+
+    ``cfg`` is fitted to the system's measurement window
+    (:func:`offsim.systems._registry.compose_measured`), ``system`` is composed for that ``cfg``
+    and ``sz``, and ``schedule`` is ``compile_system(system)`` (None: not compiled yet). The
+    executor only reads a schedule (it keeps its run state in its own nodes), so one compiled
+    schedule serves the bound and the run."""
+
+    cfg: RunConfig
+    sz: StateSizes
+    system: System
+    schedule: Schedule | None = None
+
+    def compiled(self) -> Composed:
+        """This composition with its schedule compiled (itself when it already is)."""
+        if self.schedule is not None:
+            return self
+        return Composed(self.cfg, self.sz, self.system, compile_system(self.system))
+
+
+def compose_run(cfg: RunConfig) -> Composed:
+    """``cfg`` sized, fitted to its measurement window and composed, not compiled."""
+    sz = state_sizes(cfg)
+    fitted, system = compose_measured(cfg, sz)
+    return Composed(fitted, sz, system)
+
+
 def make_executor(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, int], None] | None = None,
-                  system: System | None = None) -> Executor:
-    """The executor of ``cfg``'s schedule (its composition ``system``, if already made), not run:
-    its recorder, policies and machine as :func:`run_schedule` uses them."""
-    schedule = compile_system(compose(cfg, sz) if system is None else system)
+                  system: System | None = None, schedule: Schedule | None = None) -> Executor:
+    """The executor of ``cfg``'s schedule (``schedule``, if already compiled, else compiled from
+    its composition ``system``, if already made), not run: its recorder, policies and machine as
+    :func:`run_schedule` uses them."""
+    if schedule is None:
+        schedule = compile_system(compose(cfg, sz) if system is None else system)
     rec = Recorder()
     policies = run_policies(cfg, sz, schedule, rec)
     return Executor(schedule, machine(cfg, sz), policies.caches, rec, on_iteration, policies.choices)
 
 
 def run_schedule(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, int], None] | None = None,
-                 steady_shortcut: bool = True, system: System | None = None) -> tuple[Recorder, dict[str, float], int]:
-    """Compile ``cfg`` (its composition ``system``, if already made) into a schedule and execute
-    it; returns the recorder, the peak bytes per reported tier and the SimPy events processed.
+                 steady_shortcut: bool = True, system: System | None = None,
+                 schedule: Schedule | None = None) -> tuple[Recorder, dict[str, float], int]:
+    """Compile ``cfg`` (its composition ``system``, if already made; nothing when its
+    ``schedule`` is given) into a schedule and execute it; returns the recorder, the peak bytes
+    per reported tier and the SimPy events processed.
 
     ``steady_shortcut``: skip the repetitions of an iteration or a micro-batch once the run is
     in a steady state (:mod:`offsim.engine.steady`; the same metrics); False simulates every one.
     """
-    executor = make_executor(cfg, sz, on_iteration, system)
+    executor = make_executor(cfg, sz, on_iteration, system, schedule)
     rec = executor.rec
     with _few_collections():
         events = executor.run(steady_shortcut)
@@ -79,21 +116,24 @@ def _few_collections() -> Iterator[None]:
         gc.unfreeze()
 
 
-def simulate_resolved(cfg: RunConfig, on_iteration: Callable[[int, int], None] | None = None) -> RunResult:
+def simulate_resolved(cfg: RunConfig, on_iteration: Callable[[int, int], None] | None = None,
+                      composed: Composed | None = None) -> RunResult:
     """Simulate ``cfg``, whose searched values are already chosen (:func:`offsim.api.resolve`;
     :func:`offsim.api.simulate` does both). A configuration that does not fit returns
     ``feasible=False`` with the tier, the need and the capacity in ``infeasible_reason``; it is
     never silently simulated.
 
-    ``on_iteration(done, total)`` reports progress as iterations finish."""
+    ``on_iteration(done, total)`` reports progress as iterations finish. ``composed``: ``cfg``
+    already composed (and compiled) by :func:`compose_run`, whose fitted configuration is the one
+    simulated and returned (the sweep's pre-filter hands over what it made for the time bound)."""
     t0 = time.perf_counter()
-    sz = state_sizes(cfg)
-    cfg, system = compose_measured(cfg, sz)
+    point = compose_run(cfg) if composed is None else composed
+    cfg, sz, system = point.cfg, point.sz, point.system
     fp = footprint_of(system, cfg, sz)
     fp_dict = {"need": fp.need_bytes, "capacity": fp.capacity_bytes}
     try:
         raise_if_over(fp)
-        rec, peaks, events = run_schedule(cfg, sz, on_iteration, system=system)
+        rec, peaks, events = run_schedule(cfg, sz, on_iteration, system=system, schedule=point.schedule)
     except InfeasibleError as exc:
         metrics = RunMetrics(feasible=False, infeasible_reason=str(exc), infeasible_tier=exc.tier)
         return RunResult(cfg, metrics, footprint_bytes=fp_dict, wall_time_s=time.perf_counter() - t0)

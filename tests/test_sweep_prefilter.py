@@ -6,10 +6,14 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import offsim.simulation as sim
+import offsim.systems._compile as compile_module
 from offsim.api import simulate
 from offsim.core.enums import Res
 from offsim.fit_check import footprint
 from offsim.schedule.bound import GPU_COMPUTE, RES_NAMES
+from offsim.sweep import evaluate
+from offsim.sweep.evaluate import Payload, _result_columns, evaluate_point
 from offsim.sweep.overrides import OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier, time_lower_bound
 from offsim.sweep.spec import make_plan
@@ -109,3 +113,40 @@ def test_frontier_finds_a_cheaper_faster_point():
     assert f.dominated_by("w", 3.5, 250.0) == "b"
     assert f.dominated_by("other", 3.5, 1.0) is None  # another workload is not comparable
     assert len(f) == 2  # c never improves on b: only the staircase corners are kept
+
+
+def _evaluated_rows(overrides_list):
+    payload = Payload.from_plan(PLAN, prefilter=True)
+    return [evaluate_point(payload, i, f"p{i}", ov) for i, ov in enumerate(overrides_list)]
+
+
+#: points of every kind: fits, does not fit (DRAM 1 GiB under CPU offload), auto-swap's search
+SHARED_POINTS = [
+    {"strategy": s, "dram_gib": dram, "activation_policy": act}
+    for s in ("zero-offload", "zero-infinity-nvme", "fuyou")
+    for dram in (1, 64)
+    for act in ("placement", "auto-swap")
+]
+
+
+def test_a_swept_point_is_composed_and_compiled_once(monkeypatch):
+    """Issue 16: the pre-filter's compiled schedule is the one simulated (one compile a point that
+    fits, none for one that does not), and the row is the one a fresh composition gives."""
+    calls: list[int] = []
+    real = compile_module.compile_system
+
+    def counting(system):
+        calls.append(1)
+        return real(system)
+
+    expected = []
+    for ov in SHARED_POINTS:
+        cfg = build_run_config(apply_overrides(PLAN.base, ov, PLAN.library), ov)
+        expected.append(_result_columns(simulate(cfg)))
+    for module in (compile_module, sim, evaluate):  # every name it is bound to
+        monkeypatch.setattr(module, "compile_system", counting, raising=False)
+    rows = _evaluated_rows(SHARED_POINTS)
+    assert {r["status"] for r in rows} == {"ok", "infeasible"}
+    assert len(calls) == sum(r["prefilter"] == "passed" for r in rows)
+    for row, want in zip(rows, expected, strict=True):
+        assert {k: row.get(k) for k in want} == want, row["strategy"]

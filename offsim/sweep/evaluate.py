@@ -24,18 +24,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from offsim.api import resolve
-from offsim.config.run import RunConfig
 from offsim.errors import OffsimError
 from offsim.fit_check import footprint_of
-from offsim.plan.footprint import state_sizes
 from offsim.plan.time_bound import time_lower_bound
-from offsim.simulation import simulate_resolved
+from offsim.simulation import Composed, compose_run, simulate_resolved
 from offsim.sweep.cost import cost_columns, usd_per_hour
 from offsim.sweep.overrides import Library, OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier
 from offsim.sweep.spec import CostAssumptions, SweepPlan, _digest, canonical_json
-from offsim.systems._compile import compile_system
-from offsim.systems._registry import compose_measured
 
 #: Columns that vary from run to run (kept out of the result table, stored beside it).
 TIMING_KEYS = ("wall_s",)
@@ -166,30 +162,31 @@ def _evaluate(
         workload_id=_digest(sections["workload"], 12),
         tokens_per_iteration=wl.tokens_per_iteration,
     )
-    if payload.prefilter and _prefiltered(payload, cfg, frontier, goal, row):
+    composed = compose_run(cfg)  # once: the pre-filter and the simulation share it
+    point = _prefilter(payload, composed, frontier, goal, row) if payload.prefilter else composed
+    if point is None:
         return
-    result = simulate_resolved(cfg)
+    result = simulate_resolved(cfg, composed=point)
     row.update(_result_columns(result))
     row.update(
         cost_columns(cfg.hardware, payload.cost, wl.tokens_per_iteration, result.metrics.iteration_time_s)
     )
 
 
-def _prefiltered(payload: Payload, cfg: RunConfig, frontier: Frontier | None, goal: Goal | None,
-                 row: dict[str, Any]) -> bool:
-    """Fill the pre-filter's columns; True when the point is settled without simulating it.
+def _prefilter(payload: Payload, point: Composed, frontier: Frontier | None, goal: Goal | None,
+               row: dict[str, Any]) -> Composed | None:
+    """Fill the pre-filter's columns; None when the point is settled without simulating it, else
+    the point as the simulation takes it (compiled, when it fits).
 
     A point that does not fit is not compiled (the simulator stops at the same check, before any
     event). One that fits is compiled for its time bound (:func:`time_lower_bound` of the
-    schedule); the simulation compiles it again (:func:`offsim.simulation.simulate_resolved`
-    takes no compiled schedule)."""
-    wl = cfg.workload
-    sz = state_sizes(cfg)
-    cfg, system = compose_measured(cfg, sz)
-    if footprint_of(system, cfg, sz).first_overflow() is not None:
+    schedule), and that schedule is the one simulated (issue 16: compiled once, not twice)."""
+    cfg, sz, wl = point.cfg, point.sz, point.cfg.workload
+    if footprint_of(point.system, cfg, sz).first_overflow() is not None:
         row["prefilter"] = "infeasible"
-        return False
-    bound = time_lower_bound(cfg, sz, compile_system(system))
+        return point
+    point = point.compiled()
+    bound = time_lower_bound(cfg, sz, point.schedule)
     row.update(time_lower_bound_s=bound.seconds, bound_binding=bound.binding)
     row["prefilter"] = "passed"
     settled = None
@@ -202,10 +199,10 @@ def _prefiltered(payload: Payload, cfg: RunConfig, frontier: Frontier | None, go
         if by is not None:
             settled = {"status": "dominated", "prefilter": "dominated", "dominated_by": by}
     if settled is None:
-        return False
+        return point
     row.update(settled)
     row.update(cost_columns(cfg.hardware, payload.cost, wl.tokens_per_iteration, None))
-    return True
+    return None
 
 
 def run_chunk(
