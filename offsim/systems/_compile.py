@@ -5,12 +5,25 @@ The standard order: an ``init`` block; then per iteration the micro-batches (for
 layers, then backward in reverse; the first, middle and last micro-batches are distinct templates
 because gradient accumulation differs there) and the step. Iterations whose blocks are the same
 are one :class:`~offsim.schedule.ops.Repeat`.
+
+A system may choose another order of work, as data (:class:`WorkOrder`): *unit-major*
+("vertical", Harmony's layer packs, GreedySnake): the layers are cut into units of
+``unit_layers``; each unit runs all M micro-batches before the next unit, forward over the units
+then backward in reverse; with ``snake`` the micro-batch order reverses at every unit, so the
+micro-batch at a turn runs twice in a row (GreedySnake, arXiv 2512.17570; FlexTrain
+``npz7yyk/FlexTrain`` @ f855b6ef19), and the turn between the passes runs the last unit's forward
+and backward in one block per micro-batch. Each (unit, micro-batch) is one block instance of its
+micro-batch, so per-micro-batch tensors (``TensorRef.mb`` = ``CUR_MB``: activations, checkpoints,
+gradient accumulation buffers) stay distinct while several micro-batches are live. A site's
+``first_mb`` / ``last_mb`` name the first / the last micro-batch that visits its unit in this
+pass (in micro-batch-major order: the iteration's first / last micro-batch, as before).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 from offsim.core.enums import StreamKind
 from offsim.mechanisms.base import BlockBuilder, Mechanism, Site, SiteKind, Stage
@@ -18,6 +31,29 @@ from offsim.schedule.ops import Block, CacheSpec, ChoiceSpec, PoolSpec, Repeat, 
 
 #: per site kind, (mechanism name, stage) pairs in the order their ops are emitted
 Program = tuple[tuple[str, Stage], ...]
+
+
+class OrderKind(StrEnum):
+    """How the work of an iteration's micro-batches is ordered."""
+
+    MICRO_BATCH_MAJOR = "micro-batch-major"  # each micro-batch over all layers, then the next
+    UNIT_MAJOR = "unit-major"                # each unit of layers over all micro-batches, then the next
+
+
+@dataclass(frozen=True)
+class WorkOrder:
+    """The order of work of an iteration, as data.
+
+    Attributes:
+        kind: micro-batch-major (every system's default) or unit-major.
+        unit_layers: layers per unit (unit-major only: Harmony's layer pack, GreedySnake's
+            ``checkpoint_interval``).
+        snake: unit-major only: the micro-batch order reverses at every unit (GreedySnake).
+    """
+
+    kind: OrderKind = OrderKind.MICRO_BATCH_MAJOR
+    unit_layers: int = 1
+    snake: bool = False
 
 
 @dataclass(frozen=True)
@@ -34,6 +70,7 @@ class System:
     step_period: int = 1
     notes: tuple[str, ...] = ()
     unit_names: tuple[str, ...] = ()
+    order: WorkOrder = field(default_factory=WorkOrder)
 
 
 def emit_site(system: System, b: BlockBuilder, site: Site) -> None:
@@ -71,6 +108,70 @@ def _micro_batches(system: System) -> tuple[Block | Repeat, ...]:
     return (Repeat("micro_batch", 1, (first,), 0), *middle, Repeat("micro_batch", 1, (last,), m - 1))
 
 
+def _units(n_layers: int, unit_layers: int) -> list[range]:
+    """The layers cut into units of ``unit_layers`` (the last may be shorter)."""
+    return [range(lo, min(lo + unit_layers, n_layers)) for lo in range(0, n_layers, max(1, unit_layers))]
+
+
+#: one visit of unit-major order: per pass (forward, backward), the layers it runs in that order
+Visit = tuple[tuple[SiteKind, tuple[int, ...]], ...]
+
+
+def unit_visits(system: System) -> list[Visit]:
+    """The unit-major visits in order: forward units, then backward units in reverse (layers
+    reversed inside); with ``snake`` the last forward unit and the first backward unit are one
+    visit (the turn: each micro-batch runs its loss between them)."""
+    units = _units(system.n_layers, system.order.unit_layers)
+    fwd: list[Visit] = [((SiteKind.FORWARD, tuple(u)),) for u in units]
+    bwd: list[Visit] = [((SiteKind.BACKWARD, tuple(reversed(u))),) for u in reversed(units)]
+    if system.order.snake:
+        return [*fwd[:-1], fwd[-1] + bwd[0], *bwd[1:]]
+    return fwd + bwd
+
+
+def visit_block(system: System, visit: Visit, first: bool, last: bool) -> Block:
+    """One micro-batch's sites of one visit (``first`` / ``last``: the first / last micro-batch
+    that visits this unit in this pass)."""
+    which = "only" if first and last else "first" if first else "last" if last else "middle"
+    names = ", ".join(f"{kind} {layers[0]}-{layers[-1]}" for kind, layers in visit)
+    b = BlockBuilder(f"unit {names} ({which} micro-batch)")
+    n = system.n_layers
+    for kind, layers in visit:
+        for layer in layers:
+            position = layer if kind is SiteKind.FORWARD else n - 1 - layer
+            emit_site(system, b, Site(kind, layer, position, first, last))
+    return b.build()
+
+
+def mb_sequence(micro_batches: int, snake: bool, visit: int) -> list[int]:
+    """The micro-batches of the ``visit``-th unit visit in order (reversed on odd visits with
+    ``snake``)."""
+    order = list(range(micro_batches))
+    return order[::-1] if snake and visit % 2 else order
+
+
+def _unit_major(system: System) -> tuple[Block | Repeat, ...]:
+    """An iteration's body in unit-major order: per visit, its micro-batches, each a repeat of
+    one along the micro-batch axis (so its blocks bind per-micro-batch tensors to it); the middle
+    micro-batches share one template."""
+    m, out = system.micro_batches, []
+    for v, visit in enumerate(unit_visits(system)):
+        if m == 1:
+            out.append(Repeat("micro_batch", 1, (visit_block(system, visit, True, True),), 0))
+            continue
+        first, last = visit_block(system, visit, True, False), visit_block(system, visit, False, True)
+        middle = visit_block(system, visit, False, False) if m > 2 else None
+        seq = mb_sequence(m, system.order.snake, v)
+        if seq[0] == 0 and middle is not None:  # ascending: the middle ones are one repeat
+            out += [Repeat("micro_batch", 1, (first,), 0), Repeat("micro_batch", m - 2, (middle,), 1),
+                    Repeat("micro_batch", 1, (last,), m - 1)]
+            continue
+        for i, mb in enumerate(seq):
+            block = first if i == 0 else last if i == m - 1 else middle
+            out.append(Repeat("micro_batch", 1, (block,), mb))  # type: ignore[arg-type]
+    return tuple(out)
+
+
 def _iterations(system: System, mbs: tuple[Block | Repeat, ...]) -> tuple[Block | Repeat, ...]:
     """Iteration 0 (its step may differ: DeepSpeed's first step), then the others: one repeat
     when every step is the same, else one per iteration with the step of its variant."""
@@ -102,7 +203,8 @@ def compile_system(system: System) -> Schedule:
     setups = [m.setup() for m in system.mechanisms.values()]
     streams = [StreamSpec("init", StreamKind.CPU), StreamSpec("gpu", StreamKind.GPU_COMPUTE, records_stalls=True)]
     streams += [s for st in setups for s in st.streams]
-    body = (init.build(), *_iterations(system, _micro_batches(system)))
+    unit_major = system.order.kind is OrderKind.UNIT_MAJOR
+    body = (init.build(), *_iterations(system, _unit_major(system) if unit_major else _micro_batches(system)))
     return Schedule(body, _merge(streams), _merge([p for st in setups for p in st.pools]),
                     _merge([c for st in setups for c in st.caches]), system.notes, system.unit_names,
                     _merge([c for st in setups for c in st.choices]))
