@@ -1,0 +1,63 @@
+"""GreedySnake (Yue, Yin, Qian, arXiv 2512.17570; code ``npz7yyk/FlexTrain`` @ f855b6ef19):
+SSD-offloaded training with gradient accumulation scheduled *vertically*: every micro-batch of a
+unit (``checkpoint_interval`` layers) runs before the next unit, in snake order (the micro-batch
+order reverses every unit; the last unit runs forward, loss and backward per micro-batch), so
+each unit's parameters cross PCIe once in forward and once in backward per iteration whatever
+the number of micro-batches M is, and its gradients accumulate on the GPU over the M
+micro-batches in an fp32 unit buffer before one D2H (new_systems.md §3, "How it moves tensors").
+
+Mechanisms: the standard ones (parameter fetch from CPU or NVMe, compute with recompute from the
+unit checkpoint, per-micro-batch checkpoint offload, the layer-wise CPU optimizer with NVMe swap
+of its state as each layer's gradient arrives) in unit-major snake order
+(:class:`~offsim.systems._compile.WorkOrder`), with Harmony's fetch-once-per-visit and GPU
+gradient accumulation (:mod:`offsim.systems.harmony`, in fp32: 4 B per parameter, FlexTrain's
+fp32 accumulation).
+
+Not modelled (say so in comparisons): the share ``alpha`` of the optimizer step deferred into the
+next iteration's forward (here the whole step runs during backward, layer by layer, as gradients
+arrive: GreedySnake's (1 - alpha) part, with alpha = 0); the per-micro-batch slicing of a unit's
+parameter fetch across the previous unit's micro-batches (the layer-wise prefetch of the next
+unit stands for it); the activation-gradient round trips between units (the inter-unit gradient
+stays on the GPU); the three-tier fractions per data kind and the LP search (placement is the
+strategy's, whole tiers).
+
+Shipped strategies: greedysnake. Of the system options it accepts ``OPTIONS``; its own
+(``system_options:``): :class:`Options`.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from offsim.config.base import Frozen
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import StateSizes
+from offsim.systems._compile import System
+from offsim.systems._options import read_options
+from offsim.systems._parts import Variants, build_ctx, standard, whole
+from offsim.systems.harmony import unit_major
+
+#: always the layer-wise CPU update (``Variants.layerwise_update``), so no shared option is its own
+OPTIONS: frozenset[str] = frozenset(())
+
+#: FlexTrain accumulates gradients in an fp32 unit buffer (``mixed_precision``: fp32 accumulation)
+ACC_BYTES_PER_PARAM = 4.0
+
+
+class Options(Frozen):
+    """GreedySnake's own knobs (FlexTrain config names, new_systems.md §3 "Knobs")."""
+
+    #: layers per unit (``checkpoint_interval``, default 1)
+    checkpoint_interval: int = Field(1, ge=1)
+    #: reverse the micro-batch order every unit (the "snake"); False: plain vertical order
+    snake: bool = True
+
+
+def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
+    """The standard mechanisms with the layer-wise CPU update (GreedySnake steps each unit as its
+    gradient arrives, two units behind backward: FlexTrain ``flextrain/optimizer.py``), in
+    unit-major snake order."""
+    opts = read_options(cfg.strategy, Options)
+    c = build_ctx(cfg, sz, Variants(layerwise_update=True))
+    acc = tuple(whole(lay.params / c.sz.param_part * ACC_BYTES_PER_PARAM) for lay in c.layers)
+    return unit_major(standard(c), opts.checkpoint_interval, opts.snake, acc_bytes=acc)
