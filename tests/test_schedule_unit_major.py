@@ -94,3 +94,57 @@ def test_default_order_is_micro_batch_major() -> None:
     assert sysm.order == WorkOrder()
     names = [name for name, _ in _visits(compile_system(sysm))]
     assert names == ["micro-batch (first)", "micro-batch (last)"]
+
+
+def test_unit_major_timeline_by_hand_two_layers_two_micro_batches(tiny_profile, tiny_workload) -> None:
+    """tiny (PCIe 1 GB/s each way), two hand-built layers of 5e8 parameters (1 GB in bf16; fwd
+    0.25 s, bwd 0.5 s), M = 2, parameters on the CPU, ZeRO-3 with DeepSpeed's gradient path, in
+    unit-major order with units of one layer, parameters fetched once per visit and gradients
+    summed on the GPU over the visit (:func:`offsim.systems.harmony.unit_major`).
+
+    Forward: L0 fetched [0,1] (the next layer prefetched behind it [1,2]); L0 runs mb 0 [1,1.25]
+    and mb 1 [1.25,1.5] on the one fetch; L1 mb 0 [2,2.25], mb 1 [2.25,2.5]. L1 is kept for
+    backward (its next use is the next op): mb 0 [2.5,3], mb 1 [3,3.5], while L0, released after
+    its forward visit, is fetched again from L1's backward demand [2.5,3.5]; L0 mb 0 [3.5,4], mb 1
+    [4,4.5]. So 3 parameter copies per iteration, not 2 x 3. Each layer's summed gradient
+    leaves once, after its last micro-batch's backward, as one micro-batch's would: the gradient
+    bytes over PCIe per layer equal those of the same run with M = 1 (the copies' timing is the
+    gradient mechanism's, not the order's, and is checked in tests/test_timelines.py)."""
+    import dataclasses
+
+    from offsim.config.run import RunConfig
+    from offsim.plan.footprint import state_sizes
+    from offsim.plan.model import Layer
+    from offsim.simulation import run_schedule
+    from offsim.systems.harmony import unit_major
+    from tests.conftest import strategy
+    from tests.test_timelines import PARAMS, STREAMED, _spans
+
+    def run(m: int):  # type: ignore[no-untyped-def]
+        wl = tiny_workload.model_copy(update={"training": tiny_workload.training.model_copy(
+            update={"grad_accumulation": m})})
+        cfg = RunConfig(hardware=tiny_profile, workload=wl, strategy=strategy(**STREAMED), iterations=1,
+                        warmup_iterations=0)
+        layers = tuple(Layer(i, f"block{i}", PARAMS, 0.0, 0.25, 0.5, 0.0, 0.0) for i in range(2))
+        sz = dataclasses.replace(state_sizes(cfg), layers=layers, params_total=2 * PARAMS,
+                                 param_bytes=2 * PARAMS * 2.0, grad_bytes=2 * PARAMS * 2.0)
+        sysm = unit_major(compose(cfg, sz), 1, acc_bytes=(2 * PARAMS, 2 * PARAMS))
+        return run_schedule(cfg, sz, system=sysm)[0]
+
+    def grad_bytes(rec) -> dict[str, float]:  # type: ignore[no-untyped-def]
+        out: dict[str, float] = {}
+        for sp in rec.spans:
+            if sp.resource in ("d2h", "h2d") and sp.name.endswith("grads"):
+                out[sp.name] = out.get(sp.name, 0.0) + sp.bytes
+        return out
+
+    rec = run(2)
+    assert _spans(rec, "gpu") == [
+        ("block0 forward", 1.0, 1.25), ("block0 forward", 1.25, 1.5),
+        ("block1 forward", 2.0, 2.25), ("block1 forward", 2.25, 2.5),
+        ("block1 backward", 2.5, 3.0), ("block1 backward", 3.0, 3.5),
+        ("block0 backward", 3.5, 4.0), ("block0 backward", 4.0, 4.5)]
+    assert _spans(rec, "h2d", "param_fetch") == [
+        ("block0 params", 0.0, 1.0), ("block1 params", 1.0, 2.0), ("block0 params", 2.5, 3.5)]
+    assert grad_bytes(rec) == grad_bytes(run(1))
+    assert grad_bytes(rec)["block0 grads"] > 0
