@@ -18,7 +18,8 @@ from offsim.config.loading import shipped_files
 from offsim.core.enums import Activity, CacheId, Link, OpKind, TensorKind, Tier
 from offsim.schedule.analysis import accesses, check_acyclic, check_allocations, op_instances
 from offsim.schedule.ops import Alloc, Block, Flow, Schedule
-from offsim.systems._registry import compile_strategy
+from offsim.systems._compile import OrderKind, unit_visits
+from offsim.systems._registry import compile_strategy, compose
 
 
 def _compile(cfg: RunConfig) -> Schedule:
@@ -153,11 +154,16 @@ def test_schedules_are_acyclic_and_free_what_they_hold(strategy: str, layers: in
     check_acyclic(sc)
     _only_persistent(sc, check_allocations(sc))
     # (the delayed parameter update runs at least two more iterations than it warms up: cfg.iterations)
-    assert sum(1 for i in sc.instances() if i.block.name.startswith("micro-batch")) == cfg.iterations * accumulation
+    system = compose(resolve(cfg))
+    unit_major = system.order.kind is OrderKind.UNIT_MAJOR
+    per_iteration = accumulation * (len(unit_visits(system)) if unit_major else 1)
+    assert sum(1 for i in sc.instances() if i.block.name.startswith(("micro-batch", "unit "))) == \
+        cfg.iterations * per_iteration
     cache = sc.cache(CacheId.GPU_PARAMS)
-    if cache is not None:  # each layer is asked for twice per micro-batch, forward then backward
+    if cache is not None:  # each layer is asked for twice per micro-batch (unit-major: per visit)
         n = layers + 2
-        assert accesses(sc, CacheId.GPU_PARAMS, 0) == (list(range(n)) + list(reversed(range(n)))) * accumulation
+        passes = 1 if unit_major else accumulation
+        assert accesses(sc, CacheId.GPU_PARAMS, 0) == (list(range(n)) + list(reversed(range(n)))) * passes
 
 
 def test_schedule_json_lists_instances_with_dependencies() -> None:
