@@ -16,10 +16,6 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-# The input models first, as the eager API import did: offsim.config's package imports the loader,
-# whose strategy model imports offsim.policies, whose modules import offsim.config.base; entered
-# from offsim.policies or offsim.engine instead, that loop meets offsim.policies half made.
-import offsim.config  # noqa: F401
 from offsim.core._version import __version__
 
 if TYPE_CHECKING:

@@ -1,8 +1,46 @@
-"""Input models (hardware profiles, workloads, strategies) and their loading."""
+"""Input models (hardware profiles, workloads, strategies) and their loading.
 
-from offsim.config.hardware import HardwareProfile
-from offsim.config.loading import load_profile, load_strategy, load_workload
-from offsim.config.strategy import Strategy
-from offsim.config.workload import Workload
+The names below are imported on first use (PEP 562 ``__getattr__``; issue 16): importing any
+``offsim.config.*`` module imports this package first, and an eager import of the loader here
+(whose strategy model imports :mod:`offsim.policies`, whose modules import
+:mod:`offsim.config.base`) tied ``offsim.config`` and ``offsim.policies`` in a package cycle that
+only worked when ``offsim.config`` was entered first, and made every process pay for the input
+models before it needed them.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from offsim.config.hardware import HardwareProfile
+    from offsim.config.loading import load_profile, load_strategy, load_workload
+    from offsim.config.strategy import Strategy
+    from offsim.config.workload import Workload
+
+#: public name -> the module it lives in
+_HOMES = {
+    "HardwareProfile": "offsim.config.hardware",
+    "Strategy": "offsim.config.strategy",
+    "Workload": "offsim.config.workload",
+    "load_profile": "offsim.config.loading",
+    "load_strategy": "offsim.config.loading",
+    "load_workload": "offsim.config.loading",
+}
 
 __all__ = ["HardwareProfile", "Strategy", "Workload", "load_profile", "load_strategy", "load_workload"]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (then kept in the package)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'offsim.config' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
