@@ -11,7 +11,9 @@ unit checkpoint, per-micro-batch checkpoint offload, the layer-wise CPU optimize
 of its state as each layer's gradient arrives) in unit-major snake order
 (:class:`~offsim.systems._compile.WorkOrder`), with Harmony's fetch-once-per-visit and GPU
 gradient accumulation (:mod:`offsim.systems.harmony`, in fp32: 4 B per parameter, FlexTrain's
-fp32 accumulation).
+fp32 accumulation); its host buffers are its own (:func:`host_state`: no whole-model host
+gradient buffer, no DeepSpeed swapper buffers) and its activation memory grows with M (every
+micro-batch's checkpoints wait for backward).
 
 Not modelled (say so in comparisons): the share ``alpha`` of the optimizer step deferred into the
 next iteration's forward (here the whole step runs during backward, layer by layer, as gradients
@@ -27,14 +29,19 @@ Shipped strategies: greedysnake. Of the system options it accepts ``OPTIONS``; i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import Field
 
 from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
+from offsim.core.enums import Tier
+from offsim.mechanisms.static_state import StaticItem, StaticState
+from offsim.plan import footprint as fp
 from offsim.plan.footprint import StateSizes
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
-from offsim.systems._parts import Variants, build_ctx, standard, whole
+from offsim.systems._parts import Ctx, Variants, build_ctx, standard, static_state, whole
 from offsim.systems.harmony import unit_major
 
 #: always the layer-wise CPU update (``Variants.layerwise_update``), so no shared option is its own
@@ -53,6 +60,27 @@ class Options(Frozen):
     snake: bool = True
 
 
+def host_state(c: Ctx, unit_layers: int) -> StaticState:
+    """The start-up state with GreedySnake's host buffers in place of DeepSpeed's: no whole-model
+    host gradient buffer and none of DeepSpeed ZeRO-3's swapper and flat gradient buffers
+    (:func:`offsim.plan.footprint.deepspeed_host_init`); instead the pinned staging buffers the
+    strategy names (parameter reads) and two fp32 unit gradient buffers (new_systems.md §3
+    "Memory": staging of 2 gradient buffers per unit; the optimizer's per-layer swap buffers are
+    the layer-wise update's own)."""
+    base = static_state(c)
+    dropped = {"grads (optimizer format)"} | {s.what for s in fp.deepspeed_host_init(c.cfg, c.sz)}
+    items = [i for i in base.items if i.what not in dropped]
+    st = c.st
+    if fp.deepspeed_zero3_offload(c.cfg) and st.needs_staging_buffers():
+        nbytes = st.pinned_buffer_count * fp.round_pinned(st.pinned_buffer_bytes, st.host_allocator)
+        items.append(StaticItem(Tier.HOST_PINNED, whole(nbytes), "pinned staging buffers"))
+    unit_params = max(sum(lay.params for lay in c.layers[lo:lo + unit_layers])
+                      for lo in range(0, len(c.layers), unit_layers))
+    grad_staging = 2 * unit_params / c.sz.grad_part * ACC_BYTES_PER_PARAM
+    items.append(StaticItem(c.host, whole(grad_staging), "gradient staging (2 fp32 unit buffers)"))
+    return replace(base, items=tuple(items))
+
+
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """The standard mechanisms with the layer-wise CPU update (GreedySnake steps each unit as its
     gradient arrives, two units behind backward: FlexTrain ``flextrain/optimizer.py``), in
@@ -60,4 +88,7 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     opts = read_options(cfg.strategy, Options)
     c = build_ctx(cfg, sz, Variants(layerwise_update=True))
     acc = tuple(whole(lay.params / c.sz.param_part * ACC_BYTES_PER_PARAM) for lay in c.layers)
-    return unit_major(standard(c), opts.checkpoint_interval, opts.snake, acc_bytes=acc)
+    base = standard(c)
+    mechs: dict[str, object] = {**base.mechanisms, "static": host_state(c, opts.checkpoint_interval)}
+    base = replace(base, mechanisms=mechs)  # type: ignore[arg-type]
+    return unit_major(base, opts.checkpoint_interval, opts.snake, acc_bytes=acc)

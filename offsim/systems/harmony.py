@@ -69,21 +69,30 @@ class FetchOncePerVisit:
         self.inner.emit(b, site, stage)
 
 
+#: the activation needs held once per micro-batch (:meth:`Activations.footprint`'s labels)
+PER_MICRO_BATCH = frozenset({"activations kept for backward", "offloaded activations"})
+
+
 @dataclass(frozen=True)
 class BlockLocalThrottle:
     """The activation mechanism with its forward offload throttle kept inside one block: in
     unit-major order the layers before a unit ran in earlier blocks (their ``("off_gpu", v)``
     marks are not in this one), so this forward does not wait for their offloads.
-    Approximation: the throttle across units is lost (the offloads still take their links)."""
+    Approximation: the throttle across units is lost (the offloads still take their links).
+    Its footprint holds every micro-batch's kept activations at once (``micro_batches`` x the
+    inner's one micro-batch: in unit-major order all M checkpoints wait for backward;
+    new_systems.md §3 "Caveats": activation memory grows with M)."""
 
     inner: Mechanism
+    micro_batches: int = 1
     id: MechanismId = MechanismId.ACTIVATIONS
 
     def setup(self) -> Setup:
         return self.inner.setup()
 
     def footprint(self) -> tuple[Need, ...]:
-        return self.inner.footprint()
+        return tuple(replace(n, nbytes=n.nbytes * self.micro_batches) if n.what in PER_MICRO_BATCH else n
+                     for n in self.inner.footprint())
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         if site.what is SiteKind.FORWARD and stage is Stage.AFTER and b.ops:
@@ -143,7 +152,7 @@ def unit_major(system: System, unit_layers: int, snake: bool = False, acc_bytes:
     the visit (with one micro-batch the gradient leaves as it is computed: no accumulator)."""
     mechs: dict[str, object] = dict(system.mechanisms)
     mechs["params"] = FetchOncePerVisit(system.mechanisms["params"])
-    mechs["activations"] = BlockLocalThrottle(system.mechanisms["activations"])
+    mechs["activations"] = BlockLocalThrottle(system.mechanisms["activations"], system.micro_batches)
     if acc_bytes and system.micro_batches > 1:
         mechs["grads"] = AccumulateOnGpu(system.mechanisms["grads"], acc_bytes)
     return replace(system, mechanisms=mechs, order=WorkOrder(OrderKind.UNIT_MAJOR, unit_layers, snake))  # type: ignore[arg-type]
