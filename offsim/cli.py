@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from offsim import __version__
 from offsim.commands import _options as opt
@@ -47,6 +47,58 @@ COMMAND_MODULES: dict[str, str] = {
     "validate": "validate", "calibrate": "calibrate",
 }
 
+#: each lazily registered command's line in ``offsim --help`` (the first paragraph of its help, as
+#: the help prints it), so that the help lists them without importing their modules (issue 16: it
+#: imported all eleven, with the input models, the sweep and the readers they import; a test checks
+#: these against the modules)
+COMMAND_SUMMARIES: dict[str, str] = {
+    "strategies": 'List the shipped strategies; or explain a strategy file; or write one as a ds_config.',
+    "schedule": 'Print the schedule (ops, streams, dependencies) a strategy builds for one configuration.',
+    "compare": (
+        'Run several policies (or strategies) on one profile and workload side by side: time,\n'
+        'stall, bytes per link, hit rate and peak memory per tier, and bytes against the lower bound\n'
+        'any policy must move (and the best schedule found), over one or several cache sizes. The\n'
+        'first line is the decision (per budget, the fastest policy and its distance to the bound);\n'
+        '--quiet prints only that line. Exit 1 when no variant fits.'
+    ),
+    "rok": (
+        'The ROK curve: GPU memory saved against time cost of recomputing, offloading to DRAM or\n'
+        'offloading to NVMe the activations of 0..all blocks. Exit 1 when no point fits.'
+    ),
+    "fit": (
+        'Does it fit (GPU, pinned host, host, NVMe), with which strategy, and how fast; with\n'
+        "DeepSpeed's memory estimator for the same model. Exit 1 when no strategy fits."
+    ),
+    "tune": (
+        "Search ProTrain's knobs (persistent chunks, prefetch depth, blocks that swap or recompute\n"
+        'activations, CPU step overlap) by simulation; print the choice and its time against the base.\n'
+        'The base may be a DeepSpeed, Accelerate or Megatron-Core file, read with the workload as\n'
+        'offsim run reads it (its batch applies to every candidate). Exits 1 when nothing fits.'
+    ),
+    "report": (
+        'Simulate one or more configurations and print the bottleneck of each (with --policies, which\n'
+        'policy to use first); -o writes the HTML report (figures, metrics, bottleneck), --figures each\n'
+        "run's figures."
+    ),
+    "sweep": (
+        'Run a grid of what-if points (hardware, workload, strategy), local or on Dask; with -o, kept\n'
+        'in a resumable store with its tables; without, printed only.'
+    ),
+    "size": 'Find the cheapest (or smallest) machine meeting a target, by a monotone search.',
+    "validate": (
+        'Simulate each published case and print predicted vs measured with the error and a\n'
+        'prediction interval per figure (p10-p90 from the held-out errors of other sources and, with\n'
+        "--samples, from the assumed inputs' ranges), with their coverage; exit 1 when a case misses its\n"
+        'tolerance. With --real, train for real (PyTorch) on -H/-w and compare per phase with the\n'
+        'simulation of the same setup.'
+    ),
+    "calibrate": (
+        'Run the microbenchmarks (GPU via PyTorch CUDA when present; CPU optimizer and memcpy;\n'
+        'NVMe with O_DIRECT or fio), fit latency/bandwidth and efficiency curves, write the profile;\n'
+        'exit 1 when a part could not be measured.'
+    ),
+}
+
 
 class LazyGroup(TyperGroup):
     """The ``offsim`` group: a command of :data:`COMMAND_MODULES` is built, its module imported and
@@ -55,8 +107,20 @@ class LazyGroup(TyperGroup):
     def list_commands(self, ctx: Any) -> list[str]:
         return [*self.commands, *(name for name in COMMAND_MODULES if name not in self.commands)]
 
+    _listing = False  # True while the group's own help is written
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The group's help, listing the commands not yet loaded by :data:`COMMAND_SUMMARIES`."""
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
     def get_command(self, ctx: Any, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            if self._listing:  # a line of the help: its summary, the module left unimported
+                return TyperCommand(cmd_name, help=COMMAND_SUMMARIES[cmd_name])
             self._load(COMMAND_MODULES[cmd_name])
         return self.commands.get(cmd_name)
 

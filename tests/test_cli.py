@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
 import re
 import subprocess
@@ -97,6 +98,23 @@ def test_importing_offsim_or_config_imports_no_input_model() -> None:
                           "assert Strategy.__module__ == 'offsim.config.strategy'")
     assert "offsim.config.loading" in used
 
+
+
+def test_the_help_lists_every_command_without_importing_its_module() -> None:
+    """``offsim --help`` lists the lazily registered commands from ``COMMAND_SUMMARIES`` (issue 16):
+    the same text as with every command module imported, and none of them imported."""
+    from offsim.cli import COMMAND_MODULES, COMMAND_SUMMARIES, commands
+
+    loaded = commands()
+    assert {name: (loaded[name].help or "").split("\n\n")[0] for name in COMMAND_MODULES} == COMMAND_SUMMARIES
+    code = "from offsim.cli import app{}\ntry:\n    app(['--help'])\nexcept SystemExit:\n    pass"
+    env = {**os.environ, "COLUMNS": "100"}
+    lazy, full = (subprocess.run([sys.executable, "-c", code.format(extra)], capture_output=True, text=True,
+                                 check=True, timeout=120, env=env).stdout
+                  for extra in ("", ", commands\ncommands()"))
+    assert lazy == full and "calibrate" in lazy
+    assert not {m for m in _modules_after(code.format("")) if m.startswith("offsim.commands.")
+                and not m.startswith("offsim.commands._")}
 
 def test_a_run_imports_only_its_own_command() -> None:
     loaded = _modules_after("from offsim.cli import app\n"
