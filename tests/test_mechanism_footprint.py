@@ -11,6 +11,7 @@ from offsim import make_run_config, simulate
 from offsim.api import resolve
 from offsim.core.enums import Tier
 from offsim.fit_check import footprint
+from offsim.mechanisms.activations import Activations, LayerActivations
 from offsim.mechanisms.base import Moment, Need, sum_needs
 from offsim.systems._registry import compose
 
@@ -38,6 +39,21 @@ def test_an_elastic_need_takes_whole_units_of_what_is_free() -> None:
     assert sum_needs([held, streamed], 9.5 * GiB)["gpu"]["streamed sub-groups"] == 2 * GiB  # 2.5 free
     assert sum_needs([held, streamed], 20 * GiB)["gpu"]["streamed sub-groups"] == 3 * GiB  # at most its own
     assert "streamed sub-groups" not in sum_needs([held, streamed], 7.5 * GiB)["gpu"]  # not one fits
+
+
+def test_activations_in_flight_are_the_largest_window_of_consecutive_offloaded_layers() -> None:
+    """Kept bytes 1, 5, 1, 1, 1 GiB offloaded to host (and one 2 GiB layer kept on the GPU), depth
+    0: the forward throttle lets depth + 2 = 2 consecutive offloaded layers sit on the GPU, so the
+    most in flight is max(1+5, 5+1, 1+1, 1+1) = 6 GiB, not 2 x 5 = 10 GiB; depth 2 (window 4):
+    max(1+5+1+1, 5+1+1+1) = 8 GiB; depth 9 (window capped at the 5 layers): all 9 GiB."""
+    def layer(kept_gib: int, tier: Tier) -> LayerActivations:
+        return LayerActivations(kept_gib * GiB, 0, 0, tier)
+    layers = (layer(1, Tier.HOST_PINNED), layer(2, Tier.GPU), *(layer(g, Tier.HOST_PINNED) for g in (5, 1, 1, 1)))
+
+    def in_flight(depth: int) -> int:
+        act = Activations(layers, depth, (0,) * len(layers))
+        return next(int(n.nbytes) for n in act.footprint() if n.what == "activations in flight")
+    assert (in_flight(0), in_flight(2), in_flight(9)) == (6 * GiB, 8 * GiB, 9 * GiB)
 
 
 def test_every_mechanism_declares_a_footprint() -> None:

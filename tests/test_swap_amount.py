@@ -200,13 +200,11 @@ def test_gpu_limit_is_the_largest_count_whose_buffers_fit_by_hand() -> None:
     assert choice.blocks <= choice.gpu_limit
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The fit check's Activations.footprint (offsim/mechanisms/activations.py) counts min(depth + 2, "
-    "offloaded layers) x the largest offloaded layer's kept bytes as 'activations in flight': with 1 "
-    "swapped block and 39 host checkpoints that is 4 x 5.31 = 21.25 GiB, where the throttle lets 1 "
-    "block and 3 checkpoints (6.25 GiB) occupy the GPU, so Fuyou's 13B at micro-batch 32 cannot swap "
-    "the 1-2 blocks its GPU-memory rule admits (the search then swaps 0)"))
 def test_fit_check_accepts_what_fuyous_gpu_rule_admits() -> None:
+    """Fuyou's 13B at micro-batch 32 with 1 block swapped and 39 host checkpoints: the forward
+    throttle lets depth + 2 = 4 consecutive offloaded layers occupy the GPU, 1 block and 3
+    checkpoints (6.25 GiB), not 4 x the block's 5.31 GiB = 21.25 GiB (Activations.footprint's
+    window sum), so the fit check admits the block Fuyou's GPU-memory rule admits."""
     cfg = _fuyou_13b_cfg(32)
     choice = choose_swap_blocks(cfg, state_sizes(cfg), "nvme")
     assert choice.candidates[1].gpu.fits

@@ -91,15 +91,20 @@ class Activations:
         return Setup(streams=streams, caches=(cache,) if moved else ())
 
     def footprint(self) -> tuple[Need, ...]:
-        """On the GPU: what stays for backward, the offloaded layers in flight (the throttle lets
-        ``depth + 2`` occupy it), and the largest forward transient or backward working set;
-        each offloaded layer's kept bytes in its tier (one micro-batch's at a time)."""
+        """On the GPU: what stays for backward, the offloaded layers in flight (the forward
+        throttle lets ``depth + 2`` consecutive offloaded layers occupy it: the largest sum of kept
+        bytes over such a window, which is at most ``depth + 2`` times the largest layer's and less
+        where the layers differ, e.g. Fuyou's GPU rule), and the largest forward transient or
+        backward working set; each offloaded layer's kept bytes in its tier (one micro-batch's at a
+        time)."""
         moved = [a for a in self.layers if a.offloaded]
         needs = [Need(Tier.GPU, "activations kept for backward", sum(a.kept_bytes for a in self.layers
                                                                      if not a.offloaded))]
         if moved:
-            in_flight = min(self.depth + 2, len(moved))
-            needs.append(Need(Tier.GPU, "activations in flight", in_flight * max(a.kept_bytes for a in moved)))
+            kept = [a.kept_bytes for a in moved]
+            window = min(self.depth + 2, len(kept))
+            in_flight = max(sum(kept[i:i + window]) for i in range(len(kept) - window + 1))
+            needs.append(Need(Tier.GPU, "activations in flight", in_flight))
         work = max((max(a.work_bytes, a.transient_bytes) for a in self.layers), default=0)
         needs.append(Need(Tier.GPU, "backward working memory (recompute, activation gradients)", work))
         for tier in (Tier.HOST_PINNED, Tier.HOST_PAGEABLE, Tier.NVME):
