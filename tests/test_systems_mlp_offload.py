@@ -5,10 +5,15 @@ polaris-a100-grand profile, then the headline against zero-infinity-nvme (citati
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from offsim import load_profile, load_strategy, load_workload, make_run_config, simulate
+from offsim.errors import ConfigError
+from offsim.plan.footprint import deepspeed_sub_groups, param_partitions, state_sizes
 from offsim.results import RunResult
+from offsim.systems.mlp_offload import pfs_share_of_ratio
 
 HW = "polaris-a100-grand"
 OPT_IO = ("optimizer_swap_in", "optimizer_swap_out")
@@ -135,7 +140,6 @@ def test_state_on_the_pfs_is_accounted_there_not_on_nvme() -> None:
     """A share s of the optimizer state lives on the PFS: the PFS tier holds s x state bytes (per
     rank x ranks per node x nodes), NVMe holds (1 - s) of it, and the PFS traffic appears in the
     metrics. Bytes hand-derived from the state sizes."""
-    from offsim.plan.footprint import state_sizes
 
     share = 0.25
     striped = run(HW, WL_SMALL, io_bound(pfs_share=share))
@@ -177,17 +181,50 @@ def test_views_show_the_pfs() -> None:
     assert not [e for e in plain if e.get("ph") == "C" and "Parallel" in e["name"]]
 
 
+# ---------------------------------------------------------------- the artifact's PFS rule
+def test_pfs_share_of_ratio_by_hand() -> None:
+    """Sub-group i on the PFS iff i % r == 0 (DataStates/DeepSpeed dist_nvme_opt, stage3.py
+    _get_opt_swapper_id): groups of 10, 20, 30, 40, 50 elements; r 3 puts groups 0 and 3 there,
+    (10 + 40) / 150; r 2 groups 0, 2, 4, (10 + 30 + 50) / 150; r 1 all of them."""
+    groups = [10, 20, 30, 40, 50]
+    assert pfs_share_of_ratio(groups, 3) == pytest.approx(50 / 150)
+    assert pfs_share_of_ratio(groups, 2) == pytest.approx(90 / 150)
+    assert pfs_share_of_ratio(groups, 1) == 1.0
+
+
+def test_dist_opt_ratio_runs_as_its_share_set_by_hand() -> None:
+    """system_options dist_opt_ratio 3 runs exactly as pfs_share set to the share of this rank's
+    DeepSpeed sub-groups (sub_group_size 2.5e8) that the rule sends to the PFS, which is about a
+    third of them by count."""
+    by_rule = io_bound(system_options={"dist_opt_ratio": 3})
+    cfg = make_run_config(HW, WL_SMALL, by_rule)
+    groups = deepspeed_sub_groups(param_partitions(cfg, state_sizes(cfg)), 2.5e8)
+    share = pfs_share_of_ratio(groups, 3)
+    assert len(groups[::3]) == math.ceil(len(groups) / 3) and 0.15 < share < 0.5
+    a, b = run(HW, WL_SMALL, by_rule).metrics, run(HW, WL_SMALL, io_bound(pfs_share=share)).metrics
+    assert a.iteration_time_s == pytest.approx(b.iteration_time_s)
+    assert a.traffic_bytes == b.traffic_bytes
+    assert a.peak_bytes.pfs == pytest.approx(b.peak_bytes.pfs) and a.peak_bytes.pfs > 0
+
+
+def test_dist_opt_ratio_below_one_or_beside_a_hand_set_share_is_refused() -> None:
+    with pytest.raises(ConfigError, match="dist_opt_ratio"):
+        simulate(make_run_config(HW, WL_SMALL, io_bound(system_options={"dist_opt_ratio": 0})))
+    with pytest.raises(ConfigError, match="both set the PFS share"):
+        simulate(make_run_config(HW, WL_SMALL, io_bound(pfs_share=0.3, system_options={"dist_opt_ratio": 3})))
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "MLP-Offload sizes each path's share of the optimizer-state I/O with its own I/O performance model "
-    "(arXiv 2509.02480; the artifact's README: 'complemented through an I/O performance model'), but its "
-    "rule was not readable here: only the paper's abstract is stored, and the DataStates DeepSpeed fork's "
-    "stage3.py that reads dist_opt_ratio (set by hand to 3 in the artifact's scripts/config-n-run.sh) is "
-    "not in the index. offsim's share stays hand-set: pfs_share 0.33 in strategies/mlp-offload.yaml, the "
-    "PFS's share of the combined harmonic read/write rate on polaris-a100-grand (2.03 / (2.03 + 4.03) GB/s), "
-    "an offsim derivation, not the paper's rule"))
+    "(arXiv 2509.02480; the artifact's README: 'complemented through an I/O performance model'), but that "
+    "model was not readable here: only the paper's abstract is stored. What runs is the artifact's rule "
+    "(system_options dist_opt_ratio: sub-group i on the PFS iff i % r == 0, DataStates/DeepSpeed "
+    "dist_nvme_opt stage3.py _get_opt_swapper_id) with r set by hand (3 in the artifact's "
+    "scripts/launch-expt.sh), or the hand-set pfs_share (0.33 in strategies/mlp-offload.yaml); how the "
+    "paper's model would choose the share from the tiers' rates is missing"))
 def test_mlp_offload_offers_its_papers_io_model_for_the_pfs_share() -> None:
-    """Once the rule is read, ``mlp_offload`` offers it as a system option beside the hand-set
-    ``pfs_share``, with a hand-computed test of the share it picks."""
+    """Once the model is read, ``mlp_offload`` offers it as a system option beside the hand-set
+    ``dist_opt_ratio`` and ``pfs_share``, with a hand-computed test of the share it picks."""
     from offsim.systems import mlp_offload
 
-    assert "io_model" in mlp_offload.OPTIONS
+    assert "io_model" in mlp_offload.Options.model_fields
