@@ -28,14 +28,7 @@ from offsim.systems._registry import compose
 STRATEGIES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "strategies").glob("*.yaml"))
 CASES = [("tiny", "tiny"), ("rtx4090-pcie4-ws", "llama2-7b")]
 #: (hardware, workload, strategy) -> why it is over its declaration (filled from measured runs)
-_FUYOU = ("Fuyou's layer-wise CPU update: mechanisms/grads.py (Grads._update) allocates the optimizer "
-          "swap buffers with ops tagged cpu_optimizer, a mechanism Fuyou does not compose (declared 0), while "
-          "Grads declares them ('optimizer swap buffers'): cpu_optimizer holds {} MiB of pinned host per rank "
-          "over a declaration of 0 (the system's total is within its sum); the op tags or the need must move")
-FINDINGS: dict[tuple[str, str, str], str] = {  # measured 2026-11-25 with this test
-    ("tiny", "tiny", "fuyou"): _FUYOU.format("144.0"),
-    ("rtx4090-pcie4-ws", "llama2-7b", "fuyou"): _FUYOU.format("2316.1"),
-}
+FINDINGS: dict[tuple[str, str, str], str] = {}
 
 
 def declared_per_rank(needs: list[Need], gpu_free_bytes: float) -> dict[str, float]:

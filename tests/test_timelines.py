@@ -57,31 +57,45 @@ def test_transfer_bound_layers(tiny_profile, tiny_workload) -> None:
     Forward: fetches run in order on one stream: L0 [0,1], L1 [1,2], L2 [2,3]; each layer
     computes as soon as its fetch ends: [1,1.25], [2,2.25], [3,3.25]. L2 is kept for backward
     (it is the next op). Backward: L2 [3.25,3.75] while L1 is re-fetched [3.25,4.25]; L1
-    [4.25,4.75] while L0 is fetched [4.25,5.25]; L0 [5.25,5.75]. Gradients (1 GB each) go D2H in
-    order: L2 [3.75,4.75], L1 [4.75,5.75], L0 [5.75,6.75]; each is then accumulated into fp32 on
-    the host (5e8 x (2 + 4) B = 3 GB of DRAM traffic at 10 GB/s = 0.3 s), the last ending at 7.05.
+    [4.25,4.75] while L0's fetch starts at 4.25.
+
+    Gradients as DeepSpeed ZeRO-3 runs them at GAS 1 (stage3.py ``partition_grads``,
+    deepspeed_runtime.md §3): per partition, in issue order on the one reduction stream, D2H the
+    16-bit partition (1 GB, 1 s), H2D it back (1 GB, 1 s), then the fp32 copy D2H (5e8 x 4 B =
+    2 GB, 2 s). L2: D2H [3.75,4.75]; its H2D, issued at 4.75, shares the 1 GB/s H2D link with
+    L0's fetch (0.5 GB/s each): the fetch's last 0.5 GB ends at 5.75, the grad's 0.5 GB by 5.75
+    and its last 0.5 GB alone at 6.25; L0 backward [5.75,6.25]; L2's fp32 D2H [6.25,8.25].
+    The stream then runs L1: D2H [8.25,9.25], H2D [9.25,10.25], fp32 [10.25,12.25]; L0: D2H
+    [12.25,13.25], H2D [13.25,14.25], fp32 [14.25,16.25]. The compute stream never waits the
+    reduction stream until the end of backward, which waits for it to drain: [6.25,16.25].
+    No host accumulate: the addition is on the GPU and the fp32 gradient lands in place.
+
     The CPU step, two sub-groups of 7.5e8 params, each as DeepSpeed runs it (stage3.py
     ``_optimizer_step``): unscale the fp32 gradient (7.5e8 x 8 B = 6 GB at DRAM's 100 GB/s,
     0.06 s), CPU Adam (at 1e9/s, 0.75 s), cast the master to 16 bits (7.5e8 x 6 B = 4.5 GB,
-    0.045 s): [7.05, 7.905] and [7.905, 8.76].
+    0.045 s): [16.25, 17.105] and [17.105, 17.96].
     """
     rec = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=0.25, bwd_s=0.5)
     assert _spans(rec, "gpu") == [
         ("block0 forward", 1.0, 1.25), ("block1 forward", 2.0, 2.25), ("block2 forward", 3.0, 3.25),
-        ("block2 backward", 3.25, 3.75), ("block1 backward", 4.25, 4.75), ("block0 backward", 5.25, 5.75),
+        ("block2 backward", 3.25, 3.75), ("block1 backward", 4.25, 4.75), ("block0 backward", 5.75, 6.25),
     ]
     assert _spans(rec, "h2d") == [
         ("block0 params", 0.0, 1.0), ("block1 params", 1.0, 2.0), ("block2 params", 2.0, 3.0),
-        ("block1 params", 3.25, 4.25), ("block0 params", 4.25, 5.25),
+        ("block1 params", 3.25, 4.25), ("block0 params", 4.25, 5.75), ("block2 grads", 4.75, 6.25),
+        ("block1 grads", 9.25, 10.25), ("block0 grads", 13.25, 14.25),
     ]
     assert _spans(rec, "d2h") == [
-        ("block2 grads", 3.75, 4.75), ("block1 grads", 4.75, 5.75), ("block0 grads", 5.75, 6.75)]
-    assert _spans(rec, "cpu") == [("CPU Adam sub-group 0", 7.11, 7.86), ("CPU Adam sub-group 1", 7.965, 8.715)]
+        ("block2 grads", 3.75, 4.75), ("block2 grads", 6.25, 8.25), ("block1 grads", 8.25, 9.25),
+        ("block1 grads", 10.25, 12.25), ("block0 grads", 12.25, 13.25), ("block0 grads", 14.25, 16.25)]
+    drain = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "reduction stream" in s.name]
+    assert drain == [(pytest.approx(6.25), pytest.approx(16.25))]
+    assert _spans(rec, "cpu") == [("CPU Adam sub-group 0", 16.31, 17.06), ("CPU Adam sub-group 1", 17.165, 17.915)]
     assert [s for s in _spans(rec, "dram_copy") if "sub-group" in s[0]] == [
-        ("unscale gradients, sub-group 0", 7.05, 7.11), ("cast to 16-bit, sub-group 0", 7.86, 7.905),
-        ("unscale gradients, sub-group 1", 7.905, 7.965), ("cast to 16-bit, sub-group 1", 8.715, 8.76)]
-    assert _phases(rec) == {"forward": 3.25, "backward": 2.5, "optimizer": 3.01}
-    assert rec.end_s == pytest.approx(8.76)
+        ("unscale gradients, sub-group 0", 16.25, 16.31), ("cast to 16-bit, sub-group 0", 17.06, 17.105),
+        ("unscale gradients, sub-group 1", 17.105, 17.165), ("cast to 16-bit, sub-group 1", 17.915, 17.96)]
+    assert _phases(rec) == {"forward": 3.25, "backward": 13.0, "optimizer": 1.71}
+    assert rec.end_s == pytest.approx(17.96)
 
 
 def test_compute_bound_layers_hide_all_but_the_first_fetch(tiny_profile, tiny_workload) -> None:
@@ -114,17 +128,39 @@ def test_gpu_resident_params_move_nothing(tiny_profile, tiny_workload) -> None:
 
 
 def test_blocking_gradient_offload_stalls_backward(tiny_profile, tiny_workload) -> None:
-    """Without overlap each backward layer waits for its gradients to reach the host: the 1 s
-    copy plus the 0.3 s fp32 accumulation. L2 [3.25,3.75] then waits [3.75,5.05]; L1 (fetched
-    [3.25,4.25]) runs [5.05,5.55] and waits [5.55,6.85] while L0 is fetched [5.05,6.05]; L0 runs
-    [6.85,7.35] and waits [7.35,8.65]. Backward: 8.65 - 3.25 = 5.4 s (2.5 s when overlapped)."""
+    """Without overlap (DeepSpeed ``overlap_comm: false``: the reduction stream is the compute
+    stream, deepspeed_runtime.md §3) each backward layer waits for all of its gradient copies:
+    D2H 1 GB (1 s), H2D back 1 GB (1 s), fp32 D2H 2 GB (2 s) = 4 s. L2 [3.25,3.75], copies
+    [3.75,7.75] (L1 was fetched [3.25,4.25], L0's fetch is not issued yet: the link is free);
+    L1 [7.75,8.25] while L0 is fetched [7.75,8.75], copies [8.25,12.25] (its H2D [9.25,10.25]
+    after the fetch); L0 [12.25,12.75], copies [12.75,16.75]. Backward: 16.75 - 3.25 = 13.5 s
+    (13.0 s overlapped, where only L0's backward and two fetch waits overlap the copies)."""
     st = strategy(**{**STREAMED, "overlap_grad_offload": False})
     rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
     stalls = [s for s in rec.spans if s.resource == "gpu_stall" and "gradient offload" in s.name]
     assert [(s.start_s, s.end_s) for s in stalls] == [
-        (pytest.approx(3.75), pytest.approx(5.05)), (pytest.approx(5.55), pytest.approx(6.85)),
-        (pytest.approx(7.35), pytest.approx(8.65))]
-    assert _phases(rec)["backward"] == pytest.approx(5.4)
+        (pytest.approx(3.75), pytest.approx(7.75)), (pytest.approx(8.25), pytest.approx(12.25)),
+        (pytest.approx(12.75), pytest.approx(16.75))]
+    assert _spans(rec, "h2d")[3:] == [
+        ("block1 params", 3.25, 4.25), ("block2 grads", 4.75, 5.75), ("block0 params", 7.75, 8.75),
+        ("block1 grads", 9.25, 10.25), ("block0 grads", 13.75, 14.75)]
+    assert _phases(rec)["backward"] == pytest.approx(13.5)
+
+
+def test_zero_offload_compute_stream_waiting_for_the_step_is_a_stall(tiny_profile, tiny_workload) -> None:
+    """ZeRO-Offload (ZeRO-2, parameters on the GPU, the optimizer on the CPU after backward):
+    the compute stream ends backward at 3 x 0.25 + 3 x 0.5 = 2.25 s and then waits, idle, until
+    the CPU step has sent the last sub-group's parameters home (DeepSpeed stage_1_and_2.py
+    ``step``: the next forward needs the updated 16-bit parameters). That wait is a GPU stall
+    like every other wait of the compute stream, so it spans [2.25, end of the step] and equals
+    the optimizer phase (it read 0 before: the Join carried no ``stall``)."""
+    st = strategy(zero_stage=2, prefetch_depth=0, optimizer_device="cpu",
+                  placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+    rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
+    stalls = [(s.name, s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall"]
+    assert stalls == [("waits for the optimizer step", pytest.approx(2.25), pytest.approx(rec.end_s))]
+    assert _spans(rec, "h2d")[-1][2] == pytest.approx(rec.end_s)  # the step ends with the last params home
+    assert rec.end_s - 2.25 == pytest.approx(_phases(rec)["optimizer"])
 
 
 def test_activation_checkpointing_recomputes_each_block(tiny_profile, tiny_workload) -> None:

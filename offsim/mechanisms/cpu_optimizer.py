@@ -232,7 +232,8 @@ class CpuOptimizer:
         end = b.add(Join(), self._t(Activity.OPTIMIZER, label="step done"), STEP, after=[*side, *ends],
                     writes=(STEP_DONE,))
         if not self.delayed:
-            b.add(Join(), self._t(Activity.OPTIMIZER, label="waits for the step"), COMPUTE, after=[end])
+            b.add(Join(), self._t(Activity.OPTIMIZER, label="waits for the step"), COMPUTE, after=[end],
+                  stall=Wait("the optimizer step"))  # a GPU stall like every other wait of the compute stream
 
     def _resident(self, b: BlockBuilder, start: int) -> list[int]:
         if self.resident_s <= 0:

@@ -35,6 +35,10 @@ from offsim.schedule.ops import (
 GRAD_SLOTS = "grad_slots"          # GPU gradient buffers waiting for their copy (2)
 HOST_GRAD_SLOTS = "host_grad_slots"  # layer-wise host gradient buffers
 GRAD_SWAP_UNITS = "grad_swap_units"  # DeepSpeed's gradient swapper's pool, in MiB units
+# DeepSpeed ZeRO-3's reduce_and_partition_stream: one CUDA stream, so the reduce-scatter and every
+# copy of partition_grads run in issue order (stage3.py __reduce_and_partition_ipg_grads ->
+# partition_grads; deepspeed_runtime.md §3 "All copies are on RS, after the reduce-scatter")
+REDUCTION_STREAM = "grad_rs"
 
 
 def grad_home(layer: int) -> TensorRef:
@@ -130,6 +134,8 @@ class Grads:
         streams = tuple(StreamSpec(s, StreamKind.CPU if s in ("grad_host", "cpu_update") else StreamKind.COPY,
                                    in_order=s == "cpu_update")
                         for s in names)
+        if any(g.roundtrip_h2d is not None for g in self.layers):
+            streams = (*streams, StreamSpec(REDUCTION_STREAM, StreamKind.COPY, in_order=True))
         pools = [PoolSpec(GRAD_SLOTS, 2)]
         if self.host_slots is not None:
             pools.append(PoolSpec(HOST_GRAD_SLOTS, self.host_slots))
@@ -181,12 +187,14 @@ class Grads:
                      stall=Wait("a free gradient buffer"))
         buf = TensorRef(TensorKind.BUFFER, unit=u, mb=CUR_MB)
         last = b.add(Alloc(Tier.GPU, g.buffer_bytes, buf), t, after=[slot], reads=(grad16(u),))
+        rs = g.roundtrip_h2d is not None  # DeepSpeed ZeRO-3: everything below on its reduction stream
         if g.reduce is not None:
-            last = b.add(g.reduce, tag(Activity.GRAD_REDUCE, self.id, Phase.BACKWARD, u), "grad_reduce", after=[last])
+            last = b.add(g.reduce, tag(Activity.GRAD_REDUCE, self.id, Phase.BACKWARD, u),
+                         REDUCTION_STREAM if rs else "grad_reduce", after=[last])
         if g.d2h is not None:
-            last = b.add(g.d2h, t, "grad_d2h", after=[last])
+            last = b.add(g.d2h, t, REDUCTION_STREAM if rs else "grad_d2h", after=[last])
         if g.roundtrip_h2d is not None:  # the accumulator slice back to a GPU tensor, on the same stream
-            last = b.add(g.roundtrip_h2d, t, "grad_d2h", after=[last])
+            last = b.add(g.roundtrip_h2d, t, REDUCTION_STREAM, after=[last])
         b.add(Free(Tier.GPU, buf), t, after=[last])
         last = b.add(Release(GRAD_SLOTS, 1), t, after=[last])
         end = self._on_host(b, site, g, last)
@@ -242,8 +250,8 @@ class Grads:
                                   tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
                                       label="waits for the gradient swapper's buffers"), COMPUTE,
                                   stall=Wait("the gradient swapper's buffers")))
-            if g.boundary_d2h is not None:
-                last = b.add(g.boundary_d2h, t, "grad_d2h", after=deps)
+            if g.boundary_d2h is not None:  # after this partition's round trip, on the reduction stream
+                last = b.add(g.boundary_d2h, t, REDUCTION_STREAM, after=deps)
             if g.boundary_cast is not None:
                 last = b.add(g.boundary_cast, tag(Activity.GRAD_CAST, self.id, Phase.BACKWARD, u), "grad_host",
                              after=[last])
@@ -258,25 +266,28 @@ class Grads:
         return b.add(Join(), t, after=[last], writes=(grad_home(u),))
 
     def _update(self, b: BlockBuilder, u: int, g: LayerGrads, last: int) -> int:
-        """The layer-wise CPU update on the ``cpu_update`` stream."""
+        """The layer-wise CPU update on the ``cpu_update`` stream. Its work is tagged the CPU
+        optimizer's; the buffers it allocates and frees (the pinned optimizer swap buffer, the host
+        gradient buffer) are tagged :class:`Grads`', which declares them in :meth:`footprint`."""
         up = g.update
         assert up is not None
         state = TensorRef(TensorKind.OPT_STATE, unit=u)
         t = lambda a: tag(a, MechanismId.CPU_OPTIMIZER, Phase.BACKWARD, u)  # noqa: E731
+        mine = lambda a: tag(a, self.id, Phase.BACKWARD, u)  # noqa: E731
         if up.swap_in is not None:
-            last = b.add(Alloc(Tier.HOST_PINNED, up.state_bytes, state), t(Activity.OPT_SWAP_IN), "cpu_update",
+            last = b.add(Alloc(Tier.HOST_PINNED, up.state_bytes, state), mine(Activity.OPT_SWAP_IN), "cpu_update",
                          after=[last])
             last = parallel(b, up.swap_in, t(Activity.OPT_SWAP_IN), [last], "cpu_update")
         last = b.add(up.adam, t(Activity.OPTIMIZER), "cpu_update", after=[last])
         if up.swap_out is not None:
             last = parallel(b, up.swap_out, t(Activity.OPT_SWAP_OUT), [last], "cpu_update")
-            last = b.add(Free(Tier.HOST_PINNED, state), t(Activity.OPT_SWAP_OUT), "cpu_update", after=[last])
+            last = b.add(Free(Tier.HOST_PINNED, state), mine(Activity.OPT_SWAP_OUT), "cpu_update", after=[last])
         if up.params_home is not None:
             last = b.add(up.params_home, t(Activity.PARAM_UPDATE), up.params_home_stream or "cpu_update",
                          after=[last])
         if g.host_buffer_bytes > 0:
             host_buf = TensorRef(TensorKind.BUFFER, unit=u, group=0)
-            last = b.add(Free(g.host_tier, host_buf), t(Activity.GRAD_OFFLOAD), "cpu_update", after=[last])
+            last = b.add(Free(g.host_tier, host_buf), mine(Activity.GRAD_OFFLOAD), "cpu_update", after=[last])
             last = b.add(Release(HOST_GRAD_SLOTS, 1), t(Activity.GRAD_OFFLOAD), "cpu_update", after=[last])
         # the update holds its thread until its parameters are home
         return b.add(Join(), t(Activity.OPTIMIZER), "cpu_update", after=[last], writes=(grad_home(u),))
