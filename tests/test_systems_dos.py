@@ -115,6 +115,39 @@ def test_twin_flow_shortens_the_step() -> None:
     assert tf.iteration_time_s < base.iteration_time_s
 
 
+def test_twin_flow_ratio_in_whole_sub_groups_by_hand() -> None:
+    """DeepSpeed's ratio (stage3.py _create_fp32_partitions): the first int((1 - ratio) * n)
+    sub-groups on the GPU. Groups of 10, 20, 30, 40: ratio 0.3 -> int(2.8) = 2 groups, 30/100;
+    ratio 0.1 -> 3 groups, 60/100; ratio 1.0 -> none."""
+    from offsim.systems.twin_flow import gpu_share_of_ratio
+
+    groups = [10, 20, 30, 40]
+    assert gpu_share_of_ratio(groups, 0.3) == pytest.approx(0.3)
+    assert gpu_share_of_ratio(groups, 0.1) == pytest.approx(0.6)
+    assert gpu_share_of_ratio(groups, 1.0) == 0.0
+
+
+def test_twin_flow_ratio_runs_as_its_share_set_by_hand() -> None:
+    """system_options ratio 0.3 runs as optimizer_gpu_fraction set to its whole-sub-group share
+    (dos-7b on one GPU, sub_group_size 1e9: 6 sub-groups, int(0.7 x 6) = 4 on the GPU); beside a
+    hand-set fraction it is refused."""
+    from offsim.errors import ConfigError
+    from offsim.plan.footprint import deepspeed_sub_groups, param_partitions, state_sizes
+    from offsim.systems.twin_flow import gpu_share_of_ratio
+
+    by_ratio = strategy("twin-flow", optimizer_gpu_fraction=0.0, system_options={"ratio": 0.3})
+    cfg = make_run_config(HW, WL, by_ratio)
+    groups = deepspeed_sub_groups(param_partitions(cfg, state_sizes(cfg)), 1e9)
+    assert len(groups) == 6
+    share = gpu_share_of_ratio(groups, 0.3)
+    assert share == pytest.approx(sum(groups[:4]) / sum(groups))
+    a, b = run(by_ratio), run(strategy("twin-flow", optimizer_gpu_fraction=share))
+    assert a.iteration_time_s == pytest.approx(b.iteration_time_s)
+    assert a.peak_bytes.gpu == pytest.approx(b.peak_bytes.gpu)
+    with pytest.raises(ConfigError, match="both set the GPU share"):
+        simulate(make_run_config(HW, WL, strategy("twin-flow", system_options={"ratio": 0.3})))
+
+
 def test_twin_flow_refuses_what_it_cannot_model() -> None:
     with pytest.raises(ValueError, match="optimizer_gpu_fraction"):
         strategy("zero-infinity-nvme", optimizer_gpu_fraction=0.5)

@@ -10,14 +10,53 @@ under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`)
 ``OPTIONS``.
 """
 
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
+from offsim.errors import ConfigError
+from offsim.plan import footprint as fp
 from offsim.plan.footprint import StateSizes
 from offsim.systems._compile import System
+from offsim.systems._options import read_options
 from offsim.systems._parts import standard_system
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_gpu_fraction"})
 
 
+class Options(Frozen):
+    """Twin-Flow's own knob as DeepSpeed spells it (deepspeed_runtime.md section 11)."""
+
+    #: ``offload_optimizer.ratio``: the CPU's share as DeepSpeed applies it, in whole sub-groups
+    #: (stage3.py ``_create_fp32_partitions``: sub-group i on the CPU iff
+    #: i >= int((1 - ratio) * n_subgroups)). None: the strategy's ``optimizer_gpu_fraction``, exact.
+    ratio: float | None = Field(None, gt=0.0, le=1.0)
+
+
+def gpu_share_of_ratio(groups: Sequence[int], ratio: float) -> float:
+    """Share of a rank's optimizer elements DeepSpeed updates on the GPU for ``ratio``: the first
+    ``int((1 - ratio) * len(groups))`` sub-groups (stage3.py ``_create_fp32_partitions``)."""
+    return sum(groups[:int((1.0 - ratio) * len(groups))]) / sum(groups)
+
+
+def with_ratio_share(cfg: RunConfig, sz: StateSizes | None) -> RunConfig:
+    """``cfg`` with ``optimizer_gpu_fraction`` set from ``ratio`` over this rank's DeepSpeed
+    sub-groups (:func:`offsim.plan.footprint.deepspeed_sub_groups`), unchanged when it is unset;
+    a hand-set fraction beside it is refused."""
+    ratio = read_options(cfg.strategy, Options).ratio
+    if ratio is None:
+        return cfg
+    if cfg.strategy.optimizer_gpu_fraction > 0:
+        raise ConfigError(f"strategy '{cfg.strategy.name}': optimizer_gpu_fraction and system_options ratio "
+                          "both set the GPU share; set optimizer_gpu_fraction 0 or drop ratio")
+    sizes = sz if sz is not None else fp.state_sizes(cfg)
+    groups = fp.deepspeed_sub_groups(fp.param_partitions(cfg, sizes), cfg.strategy.sub_group_params)
+    st = cfg.strategy.model_copy(update={"optimizer_gpu_fraction": gpu_share_of_ratio(groups, ratio)})
+    return cfg.model_copy(update={"strategy": st})
+
+
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """The standard mechanisms; the CPU optimizer carries the GPU-resident share."""
-    return standard_system(cfg, sz)
+    return standard_system(with_ratio_share(cfg, sz), sz)
