@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from offsim import simulate
-from offsim.config.loading import load_strategy
+from offsim.config.loading import load_strategy, load_workload
 from offsim.config.run import RunConfig, make_run_config
 from offsim.plan.footprint import state_sizes
+from offsim.plan.paths import Paths, resource_capacities
 
 #: tiny/tiny: one rank, bf16 params and gradients (b_acc = 2 B), fp32 optimizer gradients (4 B)
 P = 67_118_080  # parameters of the tiny workload (state_sizes(...).params_total)
@@ -105,3 +108,29 @@ def test_no_drain_wait_with_gradients_on_nvme() -> None:
     step()), and its blocking copies already hold the host: no end-of-backward wait."""
     spans = simulate(_cfg("zero-infinity-nvme")).recorder.spans
     assert not [s for s in spans if "end of backward" in s.name]
+
+
+def _pageable_rate_bytes_per_s(dp: int) -> float:
+    """The fastest a 1 GB pageable D2H of one rank runs on dgx2-v100 while every rank of the node
+    copies alike: the least of its own cap and each resource's per-rank capacity / its usage."""
+    wl = load_workload("gpt3-175b")
+    wl = wl.model_copy(update={"training": wl.training.model_copy(update={"data_parallel": dp})})
+    cfg = make_run_config("dgx2-v100", wl, "zero-infinity-nvme")
+    sz = state_sizes(cfg)
+    cap = resource_capacities(cfg, sz.ranks_per_node, sz.dp)
+    flow = Paths(cfg, cap, 1.0).dma(False, 10**9, pinned=False)
+    return min(flow.cap_bytes_per_s, *(cap[r] / u for r, u in flow.usage))
+
+
+def test_pageable_copies_share_the_root_port_and_the_hosts_memcpy_not_one_node_wide_6_gb_per_s() -> None:
+    """A pageable copy is a CPU memcpy into a pinned bounce buffer by the calling process's own
+    thread, then a DMA (hardware_facts.md 2.3: ~6 GB/s pageable vs ~12 pinned on Gen3), so its
+    6 GB/s cap is per copy, not a node-wide pool. What the 16 DGX-2 GPUs share: the root-port
+    uplink, 12 GB/s per 4 GPUs (nccl-tests #78 topology; ZeRO-Infinity's ~3.0 GB/s per GPU with
+    all 16 copying, hardware_facts.md 2.4), the host memcpy (100 GB/s / 16 = 6.25 GB/s per rank,
+    2 B of it per byte: 3.125 GB/s) and DRAM (199 / 16 = 12.44 GB/s, 3 B per byte: 4.15 GB/s).
+    By hand, dp 16: min(6 cap less 20 us, 3.0, 3.125, 4.15) = 3.0 GB/s per rank (not 6 / 16 =
+    0.375); dp 1: min(6 GB/s less latency: 1e9 / (20e-6 + 1e9 / 6e9) = 5.9993 GB/s, 100 / 2,
+    199 / 3, 12 pinned link) = 5.9993 GB/s."""
+    assert _pageable_rate_bytes_per_s(16) == pytest.approx(3.0e9)
+    assert _pageable_rate_bytes_per_s(1) == pytest.approx(1e9 / (20e-6 + 1e9 / 6e9))
