@@ -10,6 +10,7 @@ Each round starts, one after the other, a fresh interpreter for each of:
 * ``offsim run`` with the README's main example (``-H rtx4090-pcie4-ws -w llama2-7b -s
   zero-offload``, ``-q``), started as the ``offsim`` console script starts it;
 * ``offsim --help`` (start-up and the listing of every command, no simulation);
+* ``import offsim`` (what every library use and every ``offsim.*`` import pays first);
 
 and prints, per process, the median wall time and the median CPU time (user + system of the
 child) over the rounds, and each as a ratio to the baseline's.
@@ -50,6 +51,7 @@ PROCESSES = {
     "bare imports": ["-c", "import numpy, pydantic, simpy, yaml"],
     "offsim run (main example)": ["-c", ENTRY, "run", *MAIN_EXAMPLE, "-q"],
     "offsim --help": ["-c", ENTRY, "--help"],
+    "import offsim": ["-c", "import offsim"],
 }
 #: the process run without the bytecode cache (``-B``: offsim compiled from source at each start,
 #: the other packages read from their own ``__pycache__``)
