@@ -42,6 +42,12 @@ HOME_PAIRINGS: dict[str, tuple[str, str]] = {
     "protrain": ("rtx4090-pcie4-ws", "llama2-13b"),
     "lsp-offload": ("rtx4090-pcie4-ws", "llama2-7b"),
     "superoffload": ("gh200-superchip", "llama2-7b"),
+    "zenflow": ("a100-80gb-pcie4", "llama2-7b"),
+    "megatron-offload": ("h100-sxm5-gen5", "llama2-7b"),
+    "gemini": ("patrickstar-8xv100", "gpt3-13b"),
+    "gemini-static": ("patrickstar-8xv100", "gpt3-13b"),
+    "fsdp2-cpu-offload": ("h200-sxm-node", "llama2-7b"),
+    "greedysnake": ("a100-azure-4nvme", "llama2-7b"),
 }
 
 
