@@ -97,7 +97,8 @@ class BlockBuilder:
             reads: Sequence[TensorRef] = (), writes: Sequence[TensorRef] = (), stall: Wait | None = None) -> int:
         """Append an op; returns its id."""
         op_id = len(self.ops)
-        self.ops.append(Op(op_id, body, tag, stream, tuple(sorted(set(after))), tuple(reads), tuple(writes), stall))
+        deps = tuple(after) if len(after) < 2 else tuple(sorted(set(after)))  # most ops wait for 0 or 1
+        self.ops.append(Op(op_id, body, tag, stream, deps, tuple(reads), tuple(writes), stall))
         return op_id
 
     def last_on(self, stream: str) -> int | None:
