@@ -151,7 +151,7 @@ class _Group:
             self.stall_s += s.end_s - s.start_s
         elif s.resource == "cpu":
             self.cpu_busy_s += s.end_s - s.start_s
-        if s.phase == "optimizer":
+        if s.phase == "optimizer" and s.resource != "gpu_stall":  # the GPU waiting for the step is not the step
             if self.step is None:
                 self.step = [s.start_s, s.end_s]
             else:

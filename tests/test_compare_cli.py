@@ -125,7 +125,13 @@ def test_rok_curve(tmp_path) -> None:
     assert (curve[curve["blocks"] == 0]["memory_saved_bytes"] == 0).all()
     recompute = curve[curve["placement"] == "recompute"]
     assert recompute["memory_saved_bytes"].is_monotonic_increasing
-    assert recompute["time_cost_s"].iloc[-1] > 0  # recomputing 4 blocks costs their forward again
+    # recomputing costs time only where the GPU binds: on tiny's zero-infinity-cpu the iteration is
+    # bound by DeepSpeed's gradient round trips over tiny's 1 GB/s PCIe (deepspeed_runtime.md section 3),
+    # so the forward done again hides under them (cost 0), while offloading the same blocks to NVMe adds
+    # their SSD traffic to the bound path
+    assert (recompute["time_cost_s"] >= 0).all()
+    nvme = curve[curve["placement"] == "offload-nvme"]
+    assert nvme["time_cost_s"].iloc[-1] > recompute["time_cost_s"].iloc[-1]
     assert html.exists() and html.stat().st_size > 100_000  # plotly.js is embedded
 
 

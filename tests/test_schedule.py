@@ -16,6 +16,7 @@ from offsim.api import resolve
 from offsim.cli import app
 from offsim.config.loading import shipped_files
 from offsim.core.enums import Activity, CacheId, Link, OpKind, TensorKind, Tier
+from offsim.mechanisms.grads import REDUCTION_STREAM
 from offsim.schedule.analysis import accesses, check_acyclic, check_allocations, op_instances
 from offsim.schedule.ops import Alloc, Block, Flow, Schedule
 from offsim.systems._compile import OrderKind, unit_visits
@@ -68,7 +69,8 @@ def test_zero3_offload_layer_forward_and_backward_by_hand() -> None:
     assert alloc.after == (acquire.id,) and down.after == (alloc.id,) and up.after == (down.id,)
     assert free.after == (up.id,) and release.after == (up.id,) and fp32.after == (release.id,)
     assert home.after == (fp32.id,)
-    assert down.stream == up.stream == fp32.stream == "grad_d2h"
+    # one in-order reduction stream carries them all, in issue order (stage3.py RS, 623b9b1)
+    assert down.stream == up.stream == fp32.stream == REDUCTION_STREAM
     assert home.writes[0].kind is TensorKind.GRAD_OPT and home.writes[0].unit == 2
     # the gradient of the layer: its partition (dp 1: all of it), 2 B down and up, 4 B fp32 down
     layer_params = 12_589_056  # a tiny block: 4 x 1024^2 (attention) + 2 x 1024 x 4096 (MLP) + norms/biases
