@@ -353,3 +353,17 @@ def test_gpu_margin_takes_optimizer_chunks_back_to_the_gpu() -> None:
     assert back.breakdown["gpu"].get("fp32 master chunk shards", 0) > 0
     assert "fp32 master chunk shards" not in off.breakdown["gpu"]
     assert back.need_bytes["gpu"] <= back.capacity_bytes["gpu"]
+
+
+@pytest.mark.parametrize("strategy", ["gemini", "gemini-static"])
+def test_gradient_accumulation_on_the_headline_node(strategy: str) -> None:
+    """With accumulation a chunk gathered again in the next micro-batch's forward waits for its
+    release after the previous micro-batch's reduction (a review found the two allocations
+    overlapping: 'param16.u0.g10000 is allocated twice on gpu'); data parallel 2, 2 micro-batches."""
+    wl = load_workload("tiny")
+    wl = wl.model_copy(update={"training": wl.training.model_copy(update={"data_parallel": 2,
+                                                                          "grad_accumulation": 2})})
+    r = simulate(make_run_config("patrickstar-8xv100", wl, strategy))
+    assert r.metrics.feasible and r.metrics.iteration_time_s is not None and r.metrics.iteration_time_s > 0
+    one = wl.model_copy(update={"training": wl.training.model_copy(update={"grad_accumulation": 1})})
+    assert r.metrics.iteration_time_s > simulate(make_run_config("patrickstar-8xv100", one, strategy)).metrics.iteration_time_s

@@ -326,6 +326,12 @@ class ChunkIO:
 MASTERS = TensorRef(TensorKind.OPT_STATE, unit=-1, group=-4)
 
 
+def chunk_released(k: int, ch: ChunkIO) -> TensorRef:
+    """Written when chunk ``k``'s gathered copy is freed after its gradients are reduced; the next
+    gather of it (the next micro-batch's forward) reads it, so the two never overlap."""
+    return TensorRef(TensorKind.PARAM16, unit=ch.first_layer, group=20_000 + k)
+
+
 def chunk_ref(k: int, ch: ChunkIO) -> TensorRef:
     """Chunk ``k`` gathered on the GPU."""
     return TensorRef(TensorKind.PARAM16, unit=ch.first_layer, group=10_000 + k)
@@ -412,7 +418,8 @@ class GeminiChunks:
         t = tag(Activity.PARAM_FETCH, self.id, phase, ch.first_layer, group=k)
         freed = b.marks.get(("gemini freed", k))  # forward's release, when it waits for a write-back
         last = b.add(Alloc(Tier.GPU, ch.gathered_bytes, chunk_ref(k, ch)), t, COMPUTE,
-                     after=[] if freed is None else [freed]) if ch.gathered_bytes else None
+                     after=[] if freed is None else [freed],
+                     reads=(chunk_released(k, ch),) if ch.moves else ()) if ch.gathered_bytes else None
         after = [] if last is None else [last]
         refresh = not backward and site.first_mb and ch.refresh is not None
         up = ch.refresh if refresh else ch.fetch
@@ -456,7 +463,7 @@ class GeminiChunks:
                 last = b.add(ch.offload, tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u, group=k),
                              "chunk_d2h", after=[last])
             if ch.gathered_bytes and ch.moves:
-                last = b.add(Free(Tier.GPU, chunk_ref(k, ch)), t, after=[last])
+                last = b.add(Free(Tier.GPU, chunk_ref(k, ch)), t, after=[last], writes=(chunk_released(k, ch),))
             ends.append(b.add(Release(REDUCE_SLOTS, 1), t, after=[last]))
         b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u), after=ends, reads=(grad16(u),),
               writes=(grad_home(u),))
