@@ -13,10 +13,10 @@ there made every start-up pay for the engine and the input models (issue 16).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from offsim.core._version import __version__
+from offsim.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from offsim.api import simulate
@@ -47,15 +47,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (then kept in the package)."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'offsim' has no attribute {name!r}")
-    value = getattr(import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names("offsim", _HOMES, globals())

@@ -10,8 +10,9 @@ models before it needed them.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from offsim.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from offsim.config.hardware import HardwareProfile
@@ -32,15 +33,4 @@ _HOMES = {
 __all__ = ["HardwareProfile", "Strategy", "Workload", "load_profile", "load_strategy", "load_workload"]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (then kept in the package)."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'offsim.config' has no attribute {name!r}")
-    value = getattr(import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names("offsim.config", _HOMES, globals())
