@@ -6,11 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from offsim import load_profile, load_strategy, load_workload, simulate
+from offsim import load_profile, load_strategy, simulate
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
 from offsim.plan.footprint import capacities, deepspeed_zero3_offload, state_sizes
 from offsim.plan.model import build_layers
+from tests.conftest import small_tiny_workloads
 
 PRESETS = ["gpu-only", "zero-offload", "zero-offload-dpu", "zero-infinity-cpu", "zero-infinity-nvme"]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -19,21 +20,11 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 @hs.composite
 def configs(draw) -> RunConfig:
     """A random small model, batch and strategy on tiny."""
-    wl = load_workload("tiny")
-    heads = draw(hs.sampled_from([4, 8]))
-    model = wl.model.model_copy(update={
-        "layers": draw(hs.integers(1, 6)), "hidden": heads * draw(hs.sampled_from([32, 64, 128])),
-        "heads": heads, "ffn_hidden": draw(hs.sampled_from([512, 1024, 2048])),
-    })
-    training = wl.training.model_copy(update={
-        "seq_len": draw(hs.sampled_from([128, 256, 512])), "micro_batch": draw(hs.integers(1, 2)),
-        "grad_accumulation": draw(hs.integers(1, 2)),
-        "activation_checkpointing": draw(hs.booleans()),
-    })
+    workload = draw(small_tiny_workloads(2))
     st = load_strategy(draw(hs.sampled_from(PRESETS)))
     st = st.model_copy(update={"prefetch_depth": draw(hs.integers(0, 3))})
     return RunConfig(hardware=load_profile("tiny"),
-                     workload=wl.model_copy(update={"model": model, "training": training}),
+                     workload=workload,
                      strategy=st, iterations=3, warmup_iterations=1)
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from offsim import load_profile, load_strategy, load_workload, simulate
+from offsim import load_profile, load_strategy, simulate
 from offsim.config.loading import shipped_files
 from offsim.config.run import RunConfig
 from offsim.core.enums import Activity, CacheId, Link, MechanismId, Phase, Res, StreamKind, TensorKind, Tier
@@ -42,6 +42,7 @@ from offsim.schedule.ops import (
     TensorRef,
 )
 from offsim.trace import Recorder
+from tests.conftest import small_tiny_workloads
 
 TAG = Tag(Activity.FORWARD, MechanismId.COMPUTE, Phase.FORWARD)
 FETCH = Tag(Activity.PARAM_FETCH, MechanismId.PARAM_FETCH, Phase.FORWARD)
@@ -189,19 +190,9 @@ def test_the_persistent_cache_bound_holds_on_the_engine() -> None:
 @hs.composite
 def configs(draw: hs.DrawFn) -> RunConfig:
     """A random small model and batch on tiny, under any shipped strategy."""
-    wl = load_workload("tiny")
-    heads = draw(hs.sampled_from([4, 8]))
-    model = wl.model.model_copy(update={
-        "layers": draw(hs.integers(1, 6)), "hidden": heads * draw(hs.sampled_from([32, 64, 128])),
-        "heads": heads, "ffn_hidden": draw(hs.sampled_from([512, 1024, 2048])),
-    })
-    training = wl.training.model_copy(update={
-        "seq_len": draw(hs.sampled_from([128, 256, 512])), "micro_batch": draw(hs.integers(1, 2)),
-        "grad_accumulation": draw(hs.integers(1, 3)), "activation_checkpointing": draw(hs.booleans()),
-    })
+    workload = draw(small_tiny_workloads(3))
     st = load_strategy(draw(hs.sampled_from(sorted(shipped_files("strategy")))))
     st = st.model_copy(update={"prefetch_depth": draw(hs.integers(0, 3))})
-    workload = wl.model_copy(update={"model": model, "training": training})
     return RunConfig(hardware=load_profile("tiny"), workload=workload, strategy=st,
                      iterations=draw(hs.integers(3, 4)), warmup_iterations=1)
 

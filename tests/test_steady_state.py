@@ -32,6 +32,7 @@ from offsim.plan.footprint import state_sizes
 from offsim.simulation import run_schedule
 from offsim.trace import SPAN_COLUMNS as SPAN_FIELDS
 from offsim.trace import Recorder
+from tests.conftest import small_tiny_workloads
 
 STRATEGIES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "strategies").glob("*.yaml"))
 REL = 1e-9
@@ -164,19 +165,9 @@ def test_the_shortcut_is_taken_where_it_pays() -> None:
 @hs.composite
 def configs(draw: Any) -> RunConfig:
     """A random small model, accumulation steps and iterations, on tiny, with a shipped strategy."""
-    wl = load_workload("tiny")
-    heads = draw(hs.sampled_from([4, 8]))
-    model = wl.model.model_copy(update={
-        "layers": draw(hs.integers(1, 6)), "hidden": heads * draw(hs.sampled_from([32, 64, 128])),
-        "heads": heads, "ffn_hidden": draw(hs.sampled_from([512, 1024, 2048])),
-    })
-    training = wl.training.model_copy(update={
-        "seq_len": draw(hs.sampled_from([128, 256, 512])), "micro_batch": draw(hs.integers(1, 2)),
-        "grad_accumulation": draw(hs.integers(1, 9)), "activation_checkpointing": draw(hs.booleans()),
-    })
+    workload = draw(small_tiny_workloads(9))
     strategy = load_strategy(draw(hs.sampled_from(STRATEGIES)))
     iterations = draw(hs.integers(3, 9))  # a steady iteration even with a delayed update and a warm-up
-    workload = wl.model_copy(update={"model": model, "training": training})
     return RunConfig(hardware=load_profile("tiny"), workload=workload, strategy=strategy, iterations=iterations,
                      warmup_iterations=draw(hs.integers(0, 1)))
 
