@@ -1,0 +1,106 @@
+"""Builders of the forward side's mechanisms from a strategy's shared knobs: compute, the
+parameter fetch with its GPU budget, and activations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from offsim.config.run import RunConfig
+from offsim.core.enums import Tier
+from offsim.mechanisms.activations import Activations, LayerActivations
+from offsim.mechanisms.base import sum_needs
+from offsim.mechanisms.compute import Compute, LayerCost
+from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
+from offsim.plan import footprint as fp
+from offsim.plan.policy_plan import (
+    gpu_param_window_layers,
+    param_window_bytes,
+)
+from offsim.systems._ctx import Ctx, whole
+from offsim.systems._part_grads import _swap_buffers_pinned
+
+
+def compute(c: Ctx) -> Compute:
+    tp = c.cfg.workload.training.tensor_parallel
+    hidden = 2.0 * c.cfg.workload.training.tokens_per_micro_batch * c.cfg.workload.model.hidden
+    allreduce = c.paths.ring(whole(2 * 2.0 * (tp - 1) / tp * hidden), 2 * 2.0 * (tp - 1)) if tp > 1 else None
+    return Compute(tuple(LayerCost(lay.fwd_s, lay.bwd_s, lay.fwd_flop, rc, allreduce if lay.is_block else None)
+                         for lay, rc in zip(c.layers, c.recompute, strict=True)))
+
+
+def param_fetch(c: Ctx) -> ParamFetch | None:
+    if not fp.params_streamed(c.cfg):
+        return None
+    out = []
+    staging_cap = whole(c.st.pinned_buffer_count * c.st.pinned_buffer_bytes)
+    for lay in c.layers:
+        full = lay.params * c.bpp_param
+        part = full / c.sz.param_part
+        home = c.st.placement.params
+        if c.layerwise:
+            part *= c.host_share[lay.index]
+            home = home if part > 0 else "gpu"
+        nvme = c.paths.nvme(True, whole(part)) if home == "nvme" else None
+        # NVMe-homed parameters arrive in the parameter swapper's buffers: CUDA-pinned before v0.19.4,
+        # mlock'd and unregistered since (strategy.nvme_swap_buffers; partitioned_param_swapper.py)
+        h2d = c.paths.dma(True, whole(part), pinned=_swap_buffers_pinned(c) if home == "nvme" else c.st.pin_memory) \
+            if home in ("nvme", "cpu") else None
+        gather = c.collective(full, 1.0) if c.sz.param_part > 1 else None
+        out.append(LayerFetch(whole(full), nvme, h2d, gather, min(whole(part), staging_cap)))
+    return within_budget(c, ParamFetch(tuple(out), None), fixed_param_budget_bytes(c.cfg))
+
+
+#: Share of GPU memory an ``auto`` parameter budget leaves unused, against the other mechanisms'
+#: declared needs being a little short of what the engine allocates at some instant.
+AUTO_HEADROOM = 0.02
+
+
+def fixed_param_budget_bytes(cfg: RunConfig) -> float:
+    """The GPU parameter buffer's budget as the strategy sets it: ``gpu_param_buffer_gib`` in
+    bytes; ``inf`` without one, and for ``auto`` until :func:`standard` knows what the other
+    mechanisms need."""
+    b = cfg.strategy.policies.gpu_param_buffer_gib
+    return math.inf if b is None or b == "auto" else float(b) * 2**30
+
+
+def within_budget(c: Ctx, fetch: ParamFetch, budget_bytes: float) -> ParamFetch:
+    """``fetch`` with the budget ``budget_bytes`` (``inf``: none) and the window it allows."""
+    biggest = max(lay.params for lay in c.layers) * c.bpp_param
+    lookahead = gpu_param_window_layers(c.cfg, c.sz) * biggest
+    window = param_window_bytes(c.cfg, c.sz, lookahead, budget_bytes)
+    return replace(fetch, budget_bytes=None if math.isinf(budget_bytes) else whole(budget_bytes),
+                   window_bytes=whole(window))
+
+
+def auto_param_budget_bytes(c: Ctx, others: list[object]) -> float:
+    """An ``auto`` budget: the GPU memory the other mechanisms' needs leave, less
+    :data:`AUTO_HEADROOM` (their elastic needs take what the budget leaves in turn)."""
+    needs = [n for m in others for n in m.footprint() if n.unit_bytes <= 0]  # type: ignore[attr-defined]
+    capacity = c.cfg.hardware.gpu.memory_bytes
+    return max(0.0, capacity * (1 - AUTO_HEADROOM) - sum(sum_needs(needs, capacity)["gpu"].values()))
+
+
+def activations(c: Ctx) -> Activations:
+    staging_cap = whole(c.st.pinned_buffer_count * c.st.pinned_buffer_bytes)
+    gb = fp.grad_buffer_bytes(c.cfg, c.sz)
+    out, reserve = [], []
+    for lay, rc, tier, moved in zip(c.layers, c.recompute, c.act_tier, c.offloads, strict=True):
+        kept = whole(lay.kept_bytes(rc))
+        transient = whole(lay.act_full_bytes) - kept if kept < whole(lay.act_full_bytes) else 0
+        work = whole(lay.backward_work_bytes(rc))
+        reserve.append(work + whole(gb))
+        if not moved:
+            out.append(LayerActivations(kept, transient, work, Tier.GPU))
+        elif tier is Tier.NVME and c.v.nvme_activations is not None:
+            out.append(c.v.nvme_activations(c, kept, transient, work))
+        elif tier is Tier.NVME:
+            out.append(LayerActivations(kept, transient, work, tier, c.paths.dma(False, kept),
+                                        c.paths.nvme(False, kept), c.paths.dma(True, kept), c.paths.nvme(True, kept),
+                                        min(kept, staging_cap)))
+        else:
+            pinned = c.st.pin_memory
+            out.append(LayerActivations(kept, transient, work, c.host, c.paths.dma(False, kept, pinned),
+                                        back=c.paths.dma(True, kept, pinned)))
+    return Activations(tuple(out), c.st.prefetch_depth, tuple(reserve))

@@ -1,0 +1,135 @@
+"""Builders of the gradient mechanism from a strategy's shared knobs: per layer, the reduction,
+the offload and DeepSpeed's ZeRO-3 gradient path, and the layer-wise CPU update.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from offsim.config.workload import DTYPE_BYTES
+from offsim.mechanisms.grads import Grads, LayerGrads, LayerUpdate
+from offsim.plan import footprint as fp
+from offsim.plan.deepspeed_versions import Z3Fp32GradCopy
+from offsim.plan.model import Layer
+from offsim.systems._ctx import Ctx, whole
+from offsim.systems._part_optimizer import gpu_adam_bpp, optimizer_dram_bpp, storage
+
+
+def _layer_update(c: Ctx, lay: Layer) -> LayerUpdate:
+    """Layer-wise CPU update of ``lay`` (the engine's ``_update_layer``)."""
+    sz, pl = c.sz, c.st.placement
+    params = lay.params / sz.opt_part / c.v.grad_compression_ratio * c.host_share[lay.index]
+    state = params * sz.optimizer_bytes_per_param
+    nvme = pl.optimizer_states == "nvme"
+    home = None
+    nbytes = whole(params * c.bpp_param)
+    if pl.params == "gpu":
+        home = c.paths.dma(True, nbytes, c.st.pin_memory)
+    elif pl.params == "nvme":
+        home = c.paths.nvme(False, nbytes)
+    dram_bpp = optimizer_dram_bpp(c)
+    return LayerUpdate(c.paths.cpu_optimizer(whole(params * dram_bpp), dram_bpp),
+                       storage(c, True, state) if nvme else None,
+                       storage(c, False, state) if nvme else None, whole(state), home,
+                       "param_update_h2d" if pl.params == "gpu" else None)
+
+
+def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None, swap_pool_units: int = 0) -> LayerGrads:
+    st, sz = c.st, c.sz
+    factor = 1.0 if st.zero_stage >= 2 else 2.0
+    full = lay.params * c.bpp_grad
+    reduce = c.collective(full, factor)
+    if st.placement.grads == "gpu":
+        return LayerGrads(reduce, offloaded=False)
+    ratio, share = c.v.grad_compression_ratio, c.host_share[lay.index]
+    part = full / sz.grad_part / ratio * share
+    local = lay.params / sz.grad_part / ratio * share
+    hg = sz.host_grad_bytes_per_param
+    gpu = c.cfg.hardware.gpu
+    flop = lay.params * c.v.grad_compression_flop_per_param
+    compress = flop / (gpu.peak_flops(c.cfg.workload.precision.compute) * gpu.gemm_fraction(flop)) \
+        if ratio > 1.0 and flop > 0 else 0.0
+    on_gpu = 1.0 - share
+    gpu_adam = 0.0
+    if c.layerwise and on_gpu > 0:
+        gpu_adam = lay.params / sz.opt_part * on_gpu * gpu_adam_bpp(c) / gpu.hbm_bytes_per_s
+    nvme = st.placement.grads == "nvme"
+    ds = _deepspeed_grads(c, local, hg, swap_pool_units) if _on_deepspeed_grads(c) and part > 0 else {}
+    return LayerGrads(
+        reduce, True, compress, whole(min(full, fp.grad_buffer_bytes(c.cfg, sz))),
+        c.paths.dma(False, whole(part), st.pin_memory) if part > 0 else None,
+        whole(local * hg) if host_slots is not None and share > 0 else 0, c.host,
+        c.paths.host_copy(whole(local * (c.bpp_grad + hg))), c.paths.host_copy(whole(local * (c.bpp_grad + 2 * hg))),
+        c.paths.host_copy(whole(local * (c.bpp_grad + hg))) if nvme else None,
+        c.paths.nvme(True, whole(local * hg)) if nvme else None,
+        c.paths.nvme(False, whole(local * hg)) if nvme else None,
+        _layer_update(c, lay) if c.layerwise and local > 0 else None, gpu_adam, **ds)
+
+
+#: the unit of the gradient swapper's pool, bytes
+SWAP_UNIT_BYTES = 2**20
+
+
+def _swap_buffers_pinned(c: Ctx) -> bool:
+    """Whether copies between the GPU and DeepSpeed's NVMe swap buffers run pinned: they are
+    CUDA-pinned tensors up to v0.19.3 and mlock'd memory CUDA does not know since v0.19.4
+    (PR #8212, ``new_cpu_locked_tensor``; deepspeed_runtime.md §7), copied at the pageable rate.
+    Other systems' staging buffers are pinned."""
+    return not _on_deepspeed_grads(c) or c.st.nvme_swap_buffers == "torch_pinned"
+
+
+def _on_deepspeed_grads(c: Ctx) -> bool:
+    return c.v.deepspeed_grads and fp.deepspeed_zero3_offload(c.cfg) and not c.layerwise
+
+
+def _swap_pool_bytes(c: Ctx) -> float:
+    """The gradient swapper's pool: the optimizer swapper's ``buffer_count`` buffers of the
+    largest sub-group in fp32, all of which it takes at first use (swap_tensor/utils.py
+    ``SwapBufferManager``, async_swapper.py ``allocate_all``; deepspeed_runtime.md §7)."""
+    groups = fp.deepspeed_sub_groups(fp.param_partitions(c.cfg, c.sz), c.st.sub_group_params)
+    return c.st.optimizer_buffer_count * max(groups) * DTYPE_BYTES[c.cfg.workload.precision.master_params]
+
+
+def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int) -> dict[str, Any]:
+    """A layer's :class:`LayerGrads` fields on DeepSpeed's ZeRO-3 path (``local``: its gradient
+    elements on this rank; ``hg``: host bytes per element; ``swap_pool_units``: the gradient
+    swapper's pool when gradients are on NVMe, else 0). The round trip is pinned iff
+    ``pin_memory`` (``grad_partitions_flat_buffer``); the boundary fp32 copy into the swapper's
+    buffers is blocking (swap_tensor/utils.py ``SwapBuffer.insert_tensor``: a synchronous
+    ``copy_``; deepspeed_runtime.md §7), pinned or pageable as :func:`_swap_buffers_pinned`
+    says; else the copy into the fp32 gradient as the release's ``z3_fp32_grad_copy`` does it
+    (:class:`Z3Fp32GradCopy`). MLP-Offload's 16-bit host gradients (``delayed_grad_conversion``)
+    have no boundary copy."""
+    st = c.st
+    fields: dict[str, Any] = {"roundtrip_h2d": c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory)}
+    if st.delayed_grad_conversion:
+        return fields
+    if st.placement.grads == "nvme":  # the gradient swapper: GPU cast, blocking copy into its buffers
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), _swap_buffers_pinned(c)),
+                      boundary_blocking=True)
+        if swap_pool_units > 0:
+            fields["swap_units"] = min(swap_pool_units, max(1, math.ceil(local * hg / SWAP_UNIT_BYTES)))
+        return fields
+    mode = Z3Fp32GradCopy(st.z3_fp32_grad_copy)
+    if mode is Z3Fp32GradCopy.CPU_UPCAST_BLOCKING:  # 16-bit D2H into a pageable temporary, CPU upcast
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * c.bpp_grad), False),
+                      boundary_cast=c.paths.host_copy(whole(local * (c.bpp_grad + hg))), boundary_blocking=True)
+    elif mode is Z3Fp32GradCopy.BOUNCE_SYNC:  # fp32 D2H into a pinned bounce buffer, sync, CPU copy
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), True),
+                      boundary_cast=c.paths.host_copy(whole(local * 2 * hg)), boundary_blocking=True)
+    else:
+        blocking = mode is Z3Fp32GradCopy.GPU_UPCAST_BLOCKING or not st.pin_memory
+        fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), st.pin_memory), boundary_blocking=blocking)
+    return fields
+
+
+def grads(c: Ctx) -> Grads:
+    slots = fp.layerwise_grad_buffers(c.cfg)
+    swapped = _on_deepspeed_grads(c) and c.st.placement.grads == "nvme" and not c.st.delayed_grad_conversion
+    pool = max(1, int(_swap_pool_bytes(c) // SWAP_UNIT_BYTES)) if swapped else 0
+    layers = tuple(_layer_grads(c, lay, slots, pool) for lay in c.layers)
+    # the epilogue syncs the reduction stream; with gradients on NVMe their writes go on (the
+    # swapper's last flush is in step()), and its blocking copies already hold the host
+    drain = _on_deepspeed_grads(c) and c.st.placement.grads != "nvme"
+    return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain)

@@ -1,0 +1,156 @@
+"""Builders of the optimizer step from a strategy's shared knobs: on the GPU, or on the CPU per
+sub-group with its I/O, DRAM cache and order policy.
+"""
+
+from __future__ import annotations
+
+import math
+
+from offsim.config.workload import DTYPE_BYTES
+from offsim.core.enums import CacheId
+from offsim.mechanisms.base import StorageIO
+from offsim.mechanisms.cpu_optimizer import (
+    CpuOptimizer,
+    GpuSplit,
+    GroupIO,
+    dram_cache_programs,
+    storage_cache_spec,
+)
+from offsim.mechanisms.gpu_optimizer import GpuOptimizer
+from offsim.plan import footprint as fp
+from offsim.plan.cpu_adam import LpCopy, fused_upload_bytes_per_param
+from offsim.plan.policy_plan import (
+    build_context,
+    dram_cache_bytes,
+)
+from offsim.schedule.ops import CacheSpec
+from offsim.systems._ctx import Ctx, whole
+
+
+def optimizer_dram_bpp(c: Ctx) -> float:
+    """DRAM bytes per parameter of one CPU Adam: read and write master + moments, read the
+    gradient, write the 16-bit parameter."""
+    return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
+
+
+def gpu_adam_bpp(c: Ctx) -> float:
+    return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
+
+
+
+def storage(c: Ctx, read: bool, nbytes: float) -> StorageIO:
+    """Optimizer-state I/O: the node's NVMe array, or the system's own (``Variants.storage``)."""
+    if c.v.storage is not None:
+        return c.v.storage(c, read, nbytes)
+    return ((c.paths.nvme(read, whole(nbytes)), None),)
+
+
+def subgroups(c: Ctx) -> list[float]:
+    """Host-resident optimizer sub-groups (parameters each)."""
+    local = c.sz.local_params * (1.0 - c.st.optimizer_gpu_fraction)
+    n = max(1, math.ceil(local / c.st.sub_group_params))
+    return [local / n] * n
+
+
+def _orders(c: Ctx, n_groups: int) -> tuple[tuple[int, ...], ...]:
+    """The order policy's traversal per iteration (checked to be a permutation)."""
+    policy = c.st.policies.optimizer_order.build(build_context(c.cfg, len(c.layers), c.bpp_param))
+    orders = tuple(tuple(policy.order(it, n_groups)) for it in range(c.cfg.iterations))
+    for it, order in enumerate(orders):
+        if sorted(order) != list(range(n_groups)):
+            from offsim.core.errors import PolicyError
+            raise PolicyError(f"optimizer order policy '{policy.name}' at iteration {it}: {list(order)} is not "
+                              f"a permutation of the {n_groups} sub-groups")
+    return orders
+
+
+def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
+    sz, pl, st = c.sz, c.st.placement, c.st
+    state = params * sz.optimizer_bytes_per_param if pl.optimizer_states == "nvme" else 0.0
+    grads_b = params * sz.host_grad_bytes_per_param if pl.grads == "nvme" else 0.0
+    dram_bpp = optimizer_dram_bpp(c)
+    nbytes = whole(params * c.bpp_param)
+    lp_copy = LpCopy(st.lp_copy)
+    home = gather = None
+    if pl.params == "gpu":
+        master = DTYPE_BYTES[c.cfg.workload.precision.master_params]
+        upload = whole(params * fused_upload_bytes_per_param(lp_copy, c.bpp_param, master))
+        home = c.paths.dma(True, upload, st.pin_memory)
+        if sz.dp > 1 and st.zero_stage in (1, 2):
+            gather = c.collective(nbytes * sz.dp, 1.0)
+    elif pl.params == "nvme":
+        home = c.paths.nvme(False, nbytes)
+    first = whole(fp.first_step_state_bytes(c.cfg, params))
+    adam = c.paths.cpu_optimizer(whole(params * dram_bpp), dram_bpp)
+    passes = c.paths.cpu_step_passes(params, lp_copy) if c.v.deepspeed_step else ()
+    if cached:
+        grads_in = storage(c, True, grads_b) if grads_b > 0 else None
+        return GroupIO(adam, grads_in=grads_in, grads_buffer_bytes=whole(fp.round_pinned(grads_b, st.host_allocator)),
+                       first_step_bytes=first, params_home=home, gather=gather, before_adam=passes[:1],
+                       after_adam=passes[1:])
+    staged = state + grads_b
+    buffer = 0 if fp.deepspeed_zero3_offload(c.cfg) else whole(fp.round_pinned(staged, st.host_allocator))
+    return GroupIO(adam, storage(c, True, staged) if staged > 0 else None,
+                   storage(c, False, state) if state > 0 else None, None, buffer, 0, first, home, gather,
+                   passes[:1], passes[1:])
+
+
+def _dram_cache(c: Ctx, groups: list[float]) -> CacheSpec | None:
+    st = c.st
+    on_nvme = st.placement.optimizer_states == "nvme" and st.optimizer_device == "cpu" and not c.layerwise
+    capacity = dram_cache_bytes(c.cfg, c.sz)
+    if not on_nvme or capacity <= 0:
+        return None
+    state = {g: whole(p * c.sz.optimizer_bytes_per_param) for g, p in enumerate(groups)}
+    fetch, evict = dram_cache_programs(state, c.host, {g: storage(c, True, b) for g, b in state.items()},
+                                       {g: storage(c, False, b) for g, b in state.items()})
+    return CacheSpec(CacheId.DRAM_OPTIMIZER, c.host, whole(capacity) if math.isfinite(capacity) else None,
+                     state, fetch, evict, persistent=True, writes_back=True)
+
+
+def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimizer:
+    """The optimizer step: on the GPU, layer-wise inside backward, or on the CPU per sub-group
+    (``split``: sub-groups that may be streamed through the GPU instead, decided at run time)."""
+    sz, st = c.sz, c.st
+    n = len(c.layers)
+    if c.layerwise:
+        return GpuOptimizer(0.0, None, n)
+    if st.optimizer_device == "gpu":
+        bpp = 2 * sz.optimizer_bytes_per_param + c.bpp_grad + c.bpp_param
+        gather = c.collective(sz.param_bytes, 1.0) if st.zero_stage in (1, 2) else None
+        return GpuOptimizer(sz.local_params * bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, gather, n,
+                            _zero3_step_transient(c))
+    groups = subgroups(c)
+    cache = _dram_cache(c, groups)
+    on_storage = st.placement.optimizer_states == "nvme"
+    bypass = None
+    if on_storage and cache is None:
+        bypass = storage_cache_spec({g: whole(p * sz.optimizer_bytes_per_param) for g, p in enumerate(groups)}, c.host)
+    resident = sz.local_params * st.optimizer_gpu_fraction
+    gather = c.collective(resident * c.bpp_param * sz.dp, 1.0) if resident > 0 and st.zero_stage in (1, 2) else None
+    return CpuOptimizer(tuple(_group_io(c, p, cache is not None) for p in groups), _orders(c, len(groups)),
+                        st.optimizer_swap_pipeline, n, cache, whole(fp.overflow_check_bytes(c.cfg, sz)),
+                        resident * gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
+                        st.delayed_param_update, on_storage, bypass, c.v.io_concurrency, split)
+
+
+def _zero3_step_transient(c: Ctx) -> int:
+    """DeepSpeed ZeRO-3 without offload (stage3.py ``_prepare_fp32_grad_for_sub_group``): per
+    sub-group, ``flatten(averaged_gradients).to(fp32)``, the 16-bit flat copy (b_grad) and the fp32
+    gradient (4 B) alive together, a sub-group being ``sub_group_size`` elements of the rank's
+    partition at most (a group closes once it reaches that size; the overshoot by one tensor is
+    not counted here). 0 off ZeRO-3."""
+    sz, st = c.sz, c.st
+    if st.zero_stage != 3:
+        return 0
+    group = min(float(st.sub_group_params), sz.local_params)
+    return whole(group * (c.bpp_grad + DTYPE_BYTES[c.cfg.workload.precision.optimizer_grads]))
+
+
+def _step_period(orders: tuple[tuple[int, ...], ...]) -> int:
+    """The smallest p such that every step from the second on repeats every p iterations."""
+    later = orders[1:]
+    for p in range(1, max(1, len(later)) + 1):
+        if all(later[k] == later[k % p] for k in range(len(later))):
+            return p
+    return max(1, len(later))
