@@ -9,11 +9,11 @@ micro-batches in an fp32 unit buffer before one D2H (new_systems.md §3, "How it
 Mechanisms: the standard ones (parameter fetch from CPU or NVMe, compute with recompute from the
 unit checkpoint, per-micro-batch checkpoint offload, the layer-wise CPU optimizer with NVMe swap
 of its state as each layer's gradient arrives) in unit-major snake order
-(:class:`~offsim.systems._compile.WorkOrder`), with Harmony's fetch-once-per-visit and GPU
-gradient accumulation (:mod:`offsim.systems.harmony`, in fp32: 4 B per parameter, FlexTrain's
-fp32 accumulation); its host buffers are its own (:func:`host_state`: no whole-model host
-gradient buffer, no DeepSpeed swapper buffers) and its activation memory grows with M (every
-micro-batch's checkpoints wait for backward).
+(:class:`~offsim.systems._compile.WorkOrder`), with the fetch-once-per-visit and GPU gradient
+accumulation it shares with Harmony (:mod:`offsim.mechanisms.unit_visit`, in fp32: 4 B per
+parameter, FlexTrain's fp32 accumulation); its host buffers are its own (:func:`host_state`: no
+whole-model host gradient buffer, no DeepSpeed swapper buffers) and its activation memory grows
+with M (every micro-batch's checkpoints wait for backward).
 
 Not modelled (say so in comparisons): the share ``alpha`` of the optimizer step deferred into the
 next iteration's forward (here the whole step runs during backward, layer by layer, as gradients
@@ -37,12 +37,12 @@ from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
 from offsim.core.enums import Tier
 from offsim.mechanisms.static_state import StaticItem, StaticState
+from offsim.mechanisms.unit_visit import visit_mechanisms
 from offsim.plan import footprint as fp
 from offsim.plan.footprint import StateSizes
-from offsim.systems._compile import System
+from offsim.systems._compile import OrderKind, System, WorkOrder
 from offsim.systems._options import read_options
 from offsim.systems._parts import Ctx, Variants, build_ctx, standard, static_state, whole
-from offsim.systems.harmony import unit_major
 
 #: always the layer-wise CPU update (``Variants.layerwise_update``), so no shared option is its own
 OPTIONS: frozenset[str] = frozenset(())
@@ -89,6 +89,7 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     c = build_ctx(cfg, sz, Variants(layerwise_update=True))
     acc = tuple(whole(lay.params / c.sz.param_part * ACC_BYTES_PER_PARAM) for lay in c.layers)
     base = standard(c)
-    mechs: dict[str, object] = {**base.mechanisms, "static": host_state(c, opts.checkpoint_interval)}
-    base = replace(base, mechanisms=mechs)  # type: ignore[arg-type]
-    return unit_major(base, opts.checkpoint_interval, opts.snake, acc_bytes=acc)
+    mechs = {**visit_mechanisms(base.mechanisms, base.micro_batches, acc),
+             "static": host_state(c, opts.checkpoint_interval)}
+    order = WorkOrder(OrderKind.UNIT_MAJOR, opts.checkpoint_interval, opts.snake)
+    return replace(base, mechanisms=mechs, order=order)  # type: ignore[arg-type]
