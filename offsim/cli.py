@@ -100,6 +100,13 @@ COMMAND_SUMMARIES: dict[str, str] = {
 }
 
 
+def unwrapped(text: str) -> str:
+    """``text`` with the line breaks inside each paragraph made spaces: the help reflows a paragraph
+    to the terminal, but in Typer's rich mode keeps a single line break where it was written, so a
+    docstring's source lines would end the help's lines mid-sentence."""
+    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
+
+
 class LazyGroup(TyperGroup):
     """The ``offsim`` group: a command of :data:`COMMAND_MODULES` is built, its module imported and
     registered, when it is first asked for (to run it, or for the help that lists it)."""
@@ -112,6 +119,7 @@ class LazyGroup(TyperGroup):
     def format_help(self, ctx: Any, formatter: Any) -> None:
         """The group's help, listing the commands not yet loaded by :data:`COMMAND_SUMMARIES`."""
         self._listing = True
+        self.help = unwrapped(self.help or "")
         try:
             super().format_help(ctx, formatter)
         finally:
@@ -120,9 +128,13 @@ class LazyGroup(TyperGroup):
     def get_command(self, ctx: Any, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
             if self._listing:  # a line of the help: its summary, the module left unimported
-                return TyperCommand(cmd_name, help=COMMAND_SUMMARIES[cmd_name])
+                return TyperCommand(cmd_name, help=COMMAND_SUMMARIES[cmd_name],
+                                    short_help=unwrapped(COMMAND_SUMMARIES[cmd_name]))
             self._load(COMMAND_MODULES[cmd_name])
-        return self.commands.get(cmd_name)
+        command = self.commands.get(cmd_name)
+        if self._listing and command is not None and command.short_help is None:
+            command.short_help = unwrapped((command.help or "").split("\n\n")[0])
+        return command
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         if args and args[0] not in self.commands and args[0] not in COMMAND_MODULES:
@@ -174,9 +186,15 @@ def run(
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace JSON here")] = None,
     spans_csv: Annotated[Path | None, typer.Option("--spans", help="write per-op spans as CSV here")] = None,
     quiet: opt.Quiet = False,
+    samples: opt.Samples = 0,
+    seed: opt.Seed = 0,
+    assumptions: opt.Assumptions = None,
 ) -> None:
-    """Simulate training iterations and report time, throughput, memory and traffic."""
+    """Simulate training iterations and report time, throughput, memory and traffic; with
+    --samples N, also p10/p50/p90 of the iteration time and of peak memory per tier over N draws
+    of the assumed inputs' ranges, and in how many draws it fits."""
     from offsim import simulate
+    from offsim.commands._intervals import print_intervals, sample_run
     from offsim.report.progress import progress_bar
 
     check_out_file(trace, "--trace")
@@ -189,10 +207,14 @@ def run(
         fail(str(exc))
     if result.feasible:
         _write_run_files(result, trace, spans_csv)
+    iv = sample_run(cfg, samples, seed, assumptions, progress=not quiet) if samples else None
     if as_json:
-        print_json(json.loads(result.to_json()))  # re-encoded strictly: no NaN/Infinity
+        doc = json.loads(result.to_json())  # re-encoded strictly: no NaN/Infinity
+        print_json(doc if iv is None else {**doc, "intervals": iv.to_dict()})
     else:
         print_metrics_table(result)
+        if iv is not None:
+            print_intervals(iv, result, assumptions)
         if trace is not None and result.feasible:
             say(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
     if not result.feasible:
@@ -250,7 +272,7 @@ def schema(kind: Annotated[DataKind, typer.Argument(help="the kind of data file"
 
 @app.command()
 def version() -> None:
-    """Print offsim's version (the same as ``offsim --version``)."""
+    """Print offsim's version (the same as offsim --version)."""
     typer.echo(f"offsim {__version__}")
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -167,6 +167,12 @@ def _effective_cpu_rate(models: Models) -> float:
     return cpu_adam_rank_rate(cfg, ranks) * ranks
 
 
+def run_value(models: Models, path: str) -> Any:
+    """The value at ``path`` as the configuration runs with it: the field itself, except the CPU
+    Adam rate, which is the node's effective rate (a derived rate included)."""
+    return _effective_cpu_rate(models) if path == _CPU_RATE else _get(models, path)
+
+
 def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models:
     """``models`` with each assumption's factor applied, in order (each re-validated, so a
     derived value such as the CPU Adam rate follows a scaled DRAM bandwidth)."""
@@ -178,7 +184,7 @@ def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models
                 continue
             data = out[part].model_dump()
             for p in paths:
-                value = _effective_cpu_rate(out) if p == _CPU_RATE else _get(out, p)
+                value = run_value(out, p)
                 _set(data, p.split(".")[1:], _scaled(value, factor, a.clip))
                 if p == _CPU_RATE:  # scaled as the override it now is
                     data["cpu"]["optimizer_rate_origin"] = "measured"
@@ -211,6 +217,18 @@ class Draws:
     values: dict[str, tuple[float, ...]]  # metric -> its value in each draw that fit
 
 
+def drawn_configs(models: Models, chosen: Sequence[Assumption], samples: int, seed: str, *,
+                  iterations: int = 3, warmup: int = 1
+                  ) -> Iterator[tuple[list[tuple[Assumption, float]], RunConfig]]:
+    """``samples`` Latin-hypercube draws of the ranges ``chosen`` (each applying to ``models``):
+    per draw, each range's factor and the configuration it makes. Reproducible for a ``seed``."""
+    for row in latin_hypercube(samples, len(chosen), random.Random(seed)):
+        factors = [(a, _factor(a, u)) for a, u in zip(chosen, row, strict=True)]
+        drawn = perturb(models, factors)
+        yield factors, make_run_config(drawn["hardware"], drawn["workload"], drawn["strategy"],
+                                       iterations=iterations, warmup_iterations=warmup)
+
+
 def sample_inputs(models: Models, assumptions: Sequence[Assumption], samples: int, seed: str,
                   metric_fn: Callable[[RunMetrics, RunConfig], dict[str, float | None]],
                   on_draw: Callable[[], None] | None = None) -> Draws:
@@ -219,9 +237,7 @@ def sample_inputs(models: Models, assumptions: Sequence[Assumption], samples: in
     chosen = [a for a in assumptions if applies(a, models)]
     values: dict[str, list[float]] = {}
     feasible = 0
-    for row in latin_hypercube(samples, len(chosen), random.Random(seed)):
-        drawn = perturb(models, [(a, _factor(a, u)) for a, u in zip(chosen, row, strict=True)])
-        cfg = make_run_config(drawn["hardware"], drawn["workload"], drawn["strategy"])
+    for _factors, cfg in drawn_configs(models, chosen, samples, seed):
         metrics = simulate(cfg).metrics
         if metrics.feasible:
             feasible += 1

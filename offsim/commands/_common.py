@@ -244,7 +244,7 @@ def _time_rows(t: Table, m: Any) -> None:
 
 
 #: What each peak-memory row is per, and what it is.
-_PEAK_LABELS = {
+PEAK_LABELS = {
     "gpu": "peak GPU (per GPU)",
     "host_pinned": "peak pinned host (per node)",
     "host": "peak host, pinned incl. (per node)",
@@ -256,18 +256,18 @@ _PEAK_LABELS = {
 def _memory_rows(t: Table, m: Any, cfg: Any) -> None:
     """Rows for peak memory per tier and traffic per link; tiers the profile lacks are left out."""
     for tier, b in m.peak_bytes.model_dump().items():
-        if not b and not _configured(cfg, tier):
+        if not b and not configured(cfg, tier):
             continue
-        t.add_row(_PEAK_LABELS.get(tier, f"peak {tier}"), gib(b))
+        t.add_row(PEAK_LABELS.get(tier, f"peak {tier}"), gib(b))
     for link, b in m.traffic_bytes.model_dump().items():
-        if not b and not _configured(cfg, link):
+        if not b and not configured(cfg, link):
             continue
         t.add_row(f"{link} / iteration (per GPU)", f"{b / 1e9:.3f} GB")
     if m.activation_policy is not None:
         t.add_row("activations", escape(str(m.activation_policy)))
 
 
-def _configured(cfg: Any, what: str) -> bool:
+def configured(cfg: Any, what: str) -> bool:
     """Whether the run has the tier or link ``what`` (NVMe, a parallel FS, a GPU-GPU link)."""
     hw = cfg.hardware
     if what == "gpu_link":

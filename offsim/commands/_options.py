@@ -37,6 +37,11 @@ Json = Annotated[bool, typer.Option("--json", help="machine-readable output (JSO
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no summary lines")]
 Iterations = Annotated[int, typer.Option(min=1, help="optimizer steps to simulate")]
 Warmup = Annotated[int, typer.Option(min=0, help="leading steps left out of the metrics")]
+Samples = Annotated[int, typer.Option(
+    min=0, help="draws of the assumed inputs (their ranges: --assumptions) for p10/p50/p90; 0: none")]
+Seed = Annotated[int, typer.Option(help="seed of the draws of the assumed inputs")]
+Assumptions = Annotated[Path | None, typer.Option(
+    help="ranges of the assumed inputs (default: the shipped validation/assumptions.yaml)")]
 Html = Annotated[Path | None, typer.Option(help="write the chart here (self-contained HTML)")]
 Figures = Annotated[Path | None, typer.Option(
     "--figures", help="also write the figures, each a self-contained HTML file, into this folder")]

@@ -1,0 +1,127 @@
+"""``offsim run --samples N``: p10/p50/p90 of one run over draws of its assumed inputs (issue 23
+part 3), hand-computed on a tiny configuration; the draws that do not fit; the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from offsim import make_run_config, simulate
+from offsim.cli import app
+from offsim.config.hardware import HardwareProfile
+from offsim.config.loading import load_profile, load_workload
+from offsim.config.workload import Workload
+from offsim.intervals import run_intervals
+from offsim.validation_intervals import Assumption, default_assumptions_path, load_assumptions
+
+runner = CliRunner()
+GIB = 2**30
+RESERVED = Assumption(id="gpu-reserved", paths=["hardware.gpu.reserved_gib"], scale=(0.5, 2.0), source="test")
+
+
+def _tiny_with_reserve(reserved_gib: float) -> HardwareProfile:
+    data = load_profile("tiny").model_dump()
+    data["gpu"]["reserved_gib"] = reserved_gib
+    return HardwareProfile.model_validate(data)
+
+
+def test_quantiles_of_the_gpu_reserve_by_hand() -> None:
+    """One range, the GPU's reserve x0.5-x2 on tiny with 1 GiB reserved, 4 draws: the simulated GPU
+    peak is the rest (232,802,304 B, the run at 0 GiB reserved) plus the reserve, so draw i peaks
+    at rest + f_i GiB. Over 4 sorted values x0..x3, numpy's linear quantiles sit at positions
+    0.3, 1.5 and 2.7: p10 = x0 + 0.3 (x1 - x0), p50 = (x1 + x2) / 2, p90 = x2 + 0.7 (x3 - x2).
+    The reserve moves no time: p10 = p50 = p90 = the run's 0.45143 s."""
+    rest = simulate(make_run_config(_tiny_with_reserve(0.0), "tiny", "zero-offload")).metrics
+    assert rest.peak_bytes.gpu == 232_802_304
+    cfg = make_run_config(_tiny_with_reserve(1.0), "tiny", "zero-offload")
+    iv = run_intervals(cfg, [RESERVED], samples=4, seed=7)
+    f = sorted(dict(d)["gpu-reserved"] for d in iv.factors)
+    # Latin hypercube: one draw in each quarter of [log 0.5, log 2]
+    strata = sorted(math.floor(4 * (math.log(x) - math.log(0.5)) / math.log(4)) for x in f)
+    assert strata == [0, 1, 2, 3]
+    x = [232_802_304 + fi * GIB for fi in f]
+    expected = (x[0] + 0.3 * (x[1] - x[0]), (x[1] + x[2]) / 2, x[2] + 0.7 * (x[3] - x[2]))
+    assert iv.peak_bytes["gpu"] == pytest.approx(expected, abs=1.0)  # peaks are whole bytes
+    assert iv.iteration_time_s is not None
+    assert all(abs(t - rest.iteration_time_s) < 1e-12 for t in iv.iteration_time_s)
+    assert (iv.fits, iv.samples, iv.misfits) == (4, 4, ())
+    assert [r.id for r in iv.ranges] == ["gpu-reserved"]
+    assert iv.ranges[0].values == (("hardware.gpu.reserved_gib", 1.0),)
+
+
+def test_the_same_seed_gives_the_same_draws_and_another_seed_others() -> None:
+    cfg = make_run_config(_tiny_with_reserve(1.0), "tiny", "zero-offload")
+    a, b = (run_intervals(cfg, [RESERVED], 3, seed=1) for _ in range(2))
+    c = run_intervals(cfg, [RESERVED], 3, seed=2)
+    assert a == b and a.factors != c.factors
+
+
+def test_a_draw_that_does_not_fit_is_counted_with_its_tier_and_factors() -> None:
+    """tiny's GPU holds 16 GiB; gpu-only on tiny at 40 layers needs 8.44 GiB besides the reserve,
+    so with 5 GiB reserved x0.5-x2 (2.5-10 GiB) the draws above ~x1.5 do not fit: they are counted,
+    each with the GPU tier, and every factor that does not fit is above every factor that fits."""
+    data = load_workload("tiny").model_dump()
+    data["model"]["layers"] = 40
+    cfg = make_run_config(_tiny_with_reserve(5.0), Workload.model_validate(data), "gpu-only")
+    iv = run_intervals(cfg, [RESERVED], samples=8, seed=0)
+    assert 0 < iv.fits < iv.samples == 8
+    assert len(iv.misfits) == iv.samples - iv.fits
+    for m in iv.misfits:
+        assert m.tier == "gpu" and "gpu memory" in m.reason
+        assert dict(m.factors)["gpu-reserved"] > 1.0
+        assert dict(iv.factors[m.draw - 1]) == dict(m.factors)
+    fitting = [dict(d)["gpu-reserved"] for i, d in enumerate(iv.factors, 1) if i not in {m.draw for m in iv.misfits}]
+    assert max(fitting) < min(dict(m.factors)["gpu-reserved"] for m in iv.misfits)
+
+
+@settings(max_examples=8, deadline=None)
+@given(samples=st.integers(1, 5), seed=st.integers(0, 10**6))
+def test_quantiles_are_ordered_and_fits_at_most_draws(samples: int, seed: int) -> None:
+    """Whatever the seed and the count: p10 <= p50 <= p90 for the time and every tier, k <= N."""
+    cfg = make_run_config("tiny", "tiny", "zero-infinity-nvme")
+    iv = run_intervals(cfg, load_assumptions(default_assumptions_path()), samples, seed)
+    assert 0 <= iv.fits <= iv.samples == samples == len(iv.factors)
+    for q in [iv.iteration_time_s, *iv.peak_bytes.values()]:
+        assert q is not None and q[0] <= q[1] <= q[2]
+
+
+def test_cli_samples_in_the_table_and_the_json() -> None:
+    result = runner.invoke(app, ["run", "-H", "tiny", "-w", "tiny", "-s", "zero-offload", "--samples", "3",
+                                 "--seed", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    iv = doc["intervals"]
+    assert (iv["samples"], iv["seed"], iv["fits"]) == (3, 5, 3)
+    assert iv["iteration_time_s"]["p10"] <= iv["iteration_time_s"]["p50"] <= iv["iteration_time_s"]["p90"]
+    assert set(iv["peak_bytes"]) == {"gpu", "host_pinned", "host", "nvme", "pfs"}
+    assert {r["id"] for r in iv["ranges"]} >= {"host-link-rate", "cpu-memcpy"}
+    assert all(r["source"] for r in iv["ranges"])
+    table = runner.invoke(app, ["run", "-H", "tiny", "-w", "tiny", "-s", "zero-offload", "--samples", "3", "-q"],
+                          terminal_width=200)
+    assert table.exit_code == 0
+    assert "fits in 3 of 3 draws" in table.stdout and "as written" in table.stdout
+    assert "cpu-memcpy x0.5-x1.5: hardware.cpu.memcpy_gb_per_s = 10" in table.stdout
+
+
+def test_cli_exit_codes(tmp_path: Path) -> None:
+    """An infeasible run still exits 1 with its draws; a negative count and a bad ranges file exit 2."""
+    big = tmp_path / "big.yaml"
+    big.write_text((Path(__file__).parent.parent / "workloads" / "tiny.yaml").read_text()
+                   .replace("name: tiny", "name: big").replace("layers: 4", "layers: 400"))
+    result = runner.invoke(app, ["run", "-H", "tiny", "-w", str(big), "-s", "gpu-only", "--samples", "2", "--json"])
+    assert result.exit_code == 1, result.output
+    iv = json.loads(result.stdout)["intervals"]
+    assert iv["fits"] == 0 and [m["tier"] for m in iv["misfits"]] == ["gpu", "gpu"]
+    assert iv["iteration_time_s"] is None
+    assert runner.invoke(app, ["run", "-H", "tiny", "-w", "tiny", "--samples", "-1"]).exit_code == 2
+    bad = tmp_path / "ranges.yaml"
+    bad.write_text("schema_version: 1\nassumptions:\n  - {id: x, paths: [hardware.dram.bandwidth_gb_per_s], "
+                   "scale: [1.2, 1.5], source: s}\n")
+    result = runner.invoke(app, ["run", "-H", "tiny", "-w", "tiny", "--samples", "2", "--assumptions", str(bad)])
+    assert result.exit_code == 2 and "must hold 1" in result.output
