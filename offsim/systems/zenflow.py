@@ -50,7 +50,7 @@ so otherwise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Literal
 
@@ -64,7 +64,7 @@ from offsim.core.window import MeasureWindow
 from offsim.errors import ConfigError
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
-from offsim.mechanisms.grads import Grads, grad_home
+from offsim.mechanisms.grads import Grads, LayerGrads, grad_home
 from offsim.plan import cpu_adam
 from offsim.plan.cpu_adam import RateOrigin
 from offsim.plan.footprint import StateSizes
@@ -461,20 +461,42 @@ def notes(cfg: RunConfig, o: Options) -> tuple[str, ...]:
     return ()
 
 
-#: a host-side op that moves nothing: the gradient lands in the pinned accumulation buffer as is
-NO_HOST_PASS = Flow(0, ((Res.DRAM, 1.0),), UNCAPPED_BYTES_PER_S, (Link.DRAM_COPY,))
+def _lands_in_pinned(g: LayerGrads) -> bool:
+    """The layer's gradient takes ZeRO-Offload's plain host path (to the pinned buffer, no
+    layer-wise update, no NVMe, not ZeRO-3's round trip): the one ZenFlow accumulates through the
+    GPU."""
+    return (g.offloaded and g.update is None and g.cast is None and g.roundtrip_h2d is None
+            and g.host_buffer_bytes == 0)
 
 
-def window_grads(grads: Grads, u: int, micro_batches: int) -> Grads:
+@dataclass(frozen=True)
+class WindowGrads(Grads):
+    """ZeRO-Offload's gradient mechanism without its host accumulation pass: the sum was made on
+    the GPU and the copy lands in the pinned buffer as it is
+    (``stage_1_and_2.py:async_accumulate_grad_in_cpu_via_gpu``), so the copy's end is the
+    gradient's arrival in its home: a :class:`Join` that writes it (what the optimizer waits
+    for), not a host flow of no bytes."""
+
+    def _on_host(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int) -> int:
+        if not _lands_in_pinned(g):
+            return super()._on_host(b, site, g, last)
+        u = site.layer
+        return b.add(Join(), tag(Activity.GRAD_ACCUMULATE, self.id, Phase.BACKWARD, u,
+                                 label="the sum is in the pinned buffer (added on the GPU)"),
+                     after=[last], writes=(grad_home(u),))
+
+
+def window_grads(grads: Grads, u: int, micro_batches: int) -> WindowGrads:
     """ZeRO-Offload's gradient path as ZenFlow runs it: the partition's b16 gradient (the running
     sum) is copied into the pinned buffer each step and added to on the GPU, not on the host
-    (``stage_1_and_2.py:async_accumulate_grad_in_cpu_via_gpu``), so no host accumulation pass;
-    with u = 1 (and one micro-batch) every step is a window's first and last, so only the fp32
-    copy goes down (``copy_grads_in_partition`` skips the b16 one for a lone backward)."""
+    (``stage_1_and_2.py:async_accumulate_grad_in_cpu_via_gpu``), so no host accumulation pass
+    (:class:`WindowGrads`); with u = 1 (and one micro-batch) every step is a window's first and
+    last, so only the fp32 copy goes down (``copy_grads_in_partition`` skips the b16 one for a
+    lone backward)."""
     lone = u == 1 and micro_batches == 1
-    return replace(grads, layers=tuple(replace(g, accumulate_first=NO_HOST_PASS, accumulate=NO_HOST_PASS,
-                                               d2h=None if lone else g.d2h) if g.offloaded else g
-                                       for g in grads.layers))
+    layers = tuple(replace(g, accumulate_first=None, accumulate=None, d2h=None if lone else g.d2h)
+                   if _lands_in_pinned(g) else g for g in grads.layers)
+    return WindowGrads(**{f.name: getattr(grads, f.name) for f in fields(grads)} | {"layers": layers})
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
