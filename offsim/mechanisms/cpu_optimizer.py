@@ -5,11 +5,13 @@ into host memory (read from NVMe into a pinned swap buffer, or through the DRAM 
 NVMe-resident state: a policy-managed cache ``dram_optimizer`` whose misses read and whose dirty
 victims write back), CPU Adam updates it (bound by the CPU's params/s and by DRAM), its state goes
 back to NVMe, and its updated 16-bit parameters go home (H2D, then an all-gather for ZeRO-1/2;
-or an NVMe write). With ``pipeline`` the next sub-group's read and the previous one's write
-overlap the current update (DeepSpeed ``pipeline_read``/``pipeline_write``). Beside the loop the
-GPU may update a resident share (Twin-Flow). DeepSpeed's first step creates each sub-group's
-moments as pageable tensors, freed once swapped out; its fp16 overflow check allocates
-temporaries first.
+or an NVMe write). On DeepSpeed ZeRO-3 the step's thread waits for that upload or write before
+the sub-group's state goes back and the next sub-group starts (``GroupIO.home_blocks``:
+``stage3.py::_reassign_or_swap_out_fp16_params``). With ``pipeline`` the next sub-group's read
+and the previous one's write overlap the current update (DeepSpeed ``pipeline_read``/
+``pipeline_write``). Beside the loop the GPU may update a resident share (Twin-Flow).
+DeepSpeed's first step creates each sub-group's moments as pageable tensors, freed once swapped
+out; its fp16 overflow check allocates temporaries first.
 
 Deep Optimizer States (``split``) streams some sub-groups through the GPU instead: their fp32
 state and gradient go H2D into one of a few GPU buffers, GPU Adam updates them, the state goes
@@ -84,6 +86,11 @@ class GroupIO:
         before_adam / after_adam: host passes in order on the step's thread around Adam
             (DeepSpeed: ``unscale_and_clip_grads`` before, the fp32 -> 16-bit cast after;
             :func:`offsim.plan.cpu_adam.step_passes`).
+        home_blocks: the step's thread waits for ``params_home`` right after the cast, before the
+            sub-group's state is swapped out and the next sub-group starts (DeepSpeed ZeRO-3,
+            ``stage3.py::_reassign_or_swap_out_fp16_params``: a blocking ``copy_`` into the GPU's
+            16-bit partition, or ``_partitioned_params_swap_out``'s synchronous NVMe write); False:
+            the upload runs beside the step (ZeRO-1/2's non_blocking H2D).
     """
 
     adam: Flow
@@ -97,6 +104,7 @@ class GroupIO:
     gather: Flow | None = None
     before_adam: tuple[Flow, ...] = ()
     after_adam: tuple[Flow, ...] = ()
+    home_blocks: bool = False
 
 
 @dataclass(frozen=True)
@@ -308,6 +316,8 @@ class CpuOptimizer:
         last = b.add(io.adam, self._t(Activity.OPTIMIZER, g, f"CPU Adam sub-group {g}"), STEP)
         for flow in io.after_adam:
             last = b.add(flow, self._t(Activity.OPTIMIZER, g, f"cast to 16-bit, sub-group {g}"), STEP)
+        if io.home_blocks and io.params_home is not None:
+            last = b.add(io.params_home, self._t(Activity.PARAM_UPDATE, g), STEP)
         return last
 
     def _read(self, b: BlockBuilder, g: int, first: bool, after: list[int]) -> int:
@@ -354,7 +364,7 @@ class CpuOptimizer:
         if (staged or self.dram_cache is not None) and first and io.first_step_bytes:
             last = b.add(Free(Tier.HOST_PAGEABLE, _moments(g)), t, after=[last])
         home = self._t(Activity.PARAM_UPDATE, g)
-        if io.params_home is not None:
+        if io.params_home is not None and not io.home_blocks:
             last = b.add(io.params_home, home, after=[last])
         if io.gather is not None:
             last = b.add(io.gather, self._t(Activity.PARAM_GATHER, g), after=[last])

@@ -33,6 +33,29 @@ def optimizer_dram_bpp(c: Ctx) -> float:
     return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
 
 
+def adam_dram_bpp(c: Ctx) -> float:
+    """DRAM bytes per parameter of the after-backward step's CPU Adam: :func:`optimizer_dram_bpp`
+    less the 16-bit write when the cast is DeepSpeed's separate pass. ``ds_adam_step``
+    (csrc/adam/cpu_adam_impl.cpp; no fused copy since PR #5409) touches only p, g, m, v (28 B in
+    fp32: deepspeed_runtime.md section 5, "Bytes"); the cast's 6 B are their own pass
+    (:func:`offsim.plan.cpu_adam.step_passes`), so 30 B would count the 16-bit write twice."""
+    return optimizer_dram_bpp(c) - (c.bpp_param if separate_cast(c) else 0.0)
+
+
+def separate_cast(c: Ctx) -> bool:
+    """The step runs DeepSpeed's host passes with the fp32 -> 16-bit cast as its own pass."""
+    return c.v.deepspeed_step and LpCopy(c.st.lp_copy) is LpCopy.SEPARATE_CAST
+
+
+def blocking_home(c: Ctx) -> bool:
+    """DeepSpeed ZeRO-3's step waits for each sub-group's updated 16-bit parameters to reach
+    their home before it swaps the sub-group's state out and moves on (``stage3.py::step`` ->
+    ``_reassign_or_swap_out_fp16_params``, every release since v0.3.12): on the GPU a blocking
+    ``fp16_partitioned_groups_flat[i].data.copy_(fp32_partitioned_groups_flat[i].data)``, on NVMe
+    ``_partitioned_params_swap_out``'s synchronous write (deepspeed_runtime.md sections 7, 13)."""
+    return c.v.deepspeed_step and c.st.zero_stage == 3
+
+
 def gpu_adam_bpp(c: Ctx) -> float:
     return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
 
@@ -68,14 +91,17 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
     sz, pl, st = c.sz, c.st.placement, c.st
     state = params * sz.optimizer_bytes_per_param if pl.optimizer_states == "nvme" else 0.0
     grads_b = params * sz.host_grad_bytes_per_param if pl.grads == "nvme" else 0.0
-    dram_bpp = optimizer_dram_bpp(c)
+    dram_bpp = adam_dram_bpp(c)
     nbytes = whole(params * c.bpp_param)
     lp_copy = LpCopy(st.lp_copy)
     home = gather = None
     if pl.params == "gpu":
         master = DTYPE_BYTES[c.cfg.workload.precision.master_params]
         upload = whole(params * fused_upload_bytes_per_param(lp_copy, c.bpp_param, master))
-        home = c.paths.dma(True, upload, st.pin_memory)
+        # ZeRO-3's copy_ from the CPU fp32 master into the GPU's 16-bit partition changes dtype, so
+        # PyTorch casts on the CPU into a fresh pageable tensor and copies that (Copy.cu
+        # copy_kernel_cuda; deepspeed_runtime.md 13 step 4): pageable whatever pin_memory says
+        home = c.paths.dma(True, upload, st.pin_memory and not blocking_home(c))
         if sz.dp > 1 and st.zero_stage in (1, 2):
             gather = c.collective(nbytes * sz.dp, 1.0)
     elif pl.params == "nvme":
@@ -87,12 +113,12 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
         grads_in = storage(c, True, grads_b) if grads_b > 0 else None
         return GroupIO(adam, grads_in=grads_in, grads_buffer_bytes=whole(fp.round_pinned(grads_b, st.host_allocator)),
                        first_step_bytes=first, params_home=home, gather=gather, before_adam=passes[:1],
-                       after_adam=passes[1:])
+                       after_adam=passes[1:], home_blocks=blocking_home(c))
     staged = state + grads_b
     buffer = 0 if fp.deepspeed_zero3_offload(c.cfg) else whole(fp.round_pinned(staged, st.host_allocator))
     return GroupIO(adam, storage(c, True, staged) if staged > 0 else None,
                    storage(c, False, state) if state > 0 else None, None, buffer, 0, first, home, gather,
-                   passes[:1], passes[1:])
+                   passes[:1], passes[1:], blocking_home(c))
 
 
 def _dram_cache(c: Ctx, groups: list[float]) -> CacheSpec | None:
