@@ -8,8 +8,9 @@ the profile's capacity. Those that fit are simulated (:func:`offsim.simulate`, t
 iterations as ``offsim run``) and listed fastest first; those that do not fit are not simulated
 and follow with the tier, the need and the capacity (where the simulation itself overflowed, the
 engine's level). Under them, DeepSpeed's own estimator table for the same model
-(:mod:`offsim.plan.ds_estimator`) and, per strategy that maps onto one of its lines, where offsim's
-figure differs and why: the estimator counts model states only.
+(:mod:`offsim.plan.ds_estimator`) and, per strategy on DeepSpeed's system
+(:data:`DEEPSPEED_SYSTEMS`) that maps onto one of its lines, where offsim's figure differs and
+why: the estimator counts model states only. Without such a strategy there is no table.
 
 ``-o FILE`` writes the strategies as CSV (:func:`fit_table`); nothing is written otherwise. Exit
 status (:mod:`offsim.commands._common`): 0 when at least one strategy fits, 1 when none does, 2 on
@@ -47,6 +48,18 @@ STARTUP_TIERS = ("host_pinned", "host")
 TOP_ITEMS = 3
 #: Footprint items that are model states (what DeepSpeed's estimator counts); the rest is not.
 MODEL_STATES = ("params (16-bit)", "grads (16-bit)", "grads (optimizer format)", "optimizer state")
+
+#: The systems that run DeepSpeed's own ZeRO code, a release or a fork of it: the only ones whose
+#: model states DeepSpeed's estimator speaks for. zero-offload (zero/stage_1_and_2.py),
+#: zero-infinity (zero/stage3.py), twin-flow (``offload_optimizer.ratio``), superoffload
+#: (zero/superoffload_stage3.py), zenflow (runtime/zenflow/), deep-optimizer-states and
+#: mlp-offload (DataStates' DeepSpeed forks), memascend (DeepSpeed ZeRO-3 with its host-memory
+#: fixes), and custom: a file that names no system, read with ZeRO's knobs at DeepSpeed's defaults
+#: (a ds_config without offload maps to it, :func:`offsim.config.ds_config.deepspeed_system`).
+#: FSDP2, Megatron-Core, Colossal-AI Gemini and the research systems with their own runtimes
+#: (Fuyou, Harmony, GreedySnake, LSP-Offload, ProTrain, TBA, the virtual-memory baseline) are not.
+DEEPSPEED_SYSTEMS = frozenset({"zero-offload", "zero-infinity", "twin-flow", "superoffload", "zenflow",
+                               "deep-optimizer-states", "mlp-offload", "memascend", "custom"})
 
 StrategiesOpt = Annotated[list[str] | None, typer.Option(
     "--strategy", "-s", help="strategy name or YAML path; repeat or comma-separate (default: every shipped one)")]
@@ -324,14 +337,15 @@ def _fill(rep: dict[str, Any]) -> float:
 
 def fit_report(hw: Any, wl: Any, found: list[Assessment]) -> dict[str, Any]:
     """The whole answer as a JSON-ready dict: the pairing, the model's total and active
-    parameters, the rows in the given order (each with the DeepSpeed line it maps onto) and
-    DeepSpeed's estimator table (null when no strategy could run here)."""
+    parameters, the rows in the given order (each on DeepSpeed's system with the DeepSpeed line it
+    maps onto, the others null) and DeepSpeed's estimator table (null when no strategy on
+    DeepSpeed's system, :data:`DEEPSPEED_SYSTEMS`, could run here)."""
     from offsim.plan.ds_estimator import BUFFER_FACTOR, estimator_setup, matching_row
 
     estimator: dict[str, Any] | None = None
     for a in found:
-        if a.cfg is None or a.fp is None:
-            continue
+        if a.cfg is None or a.fp is None or a.cfg.strategy.system not in DEEPSPEED_SYSTEMS:
+            continue  # its row keeps "deepspeed": None
         setup = estimator_setup(a.cfg)
         table = setup.table()
         if estimator is None:
