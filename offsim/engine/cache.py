@@ -248,12 +248,14 @@ def replay(policy: EvictionPolicy, sequence: Sequence[int], sizes: Mapping[int, 
     return cache.counters
 
 
-def opt_bytes(sequence: Sequence[int], sizes: Mapping[int, float], capacity_bytes: float) -> list[float]:
-    """Bytes Belady's rule fetches at each position of ``sequence`` (0 on a hit)."""
+def belady_fetched_bytes(sequence: Sequence[int], sizes: Mapping[int, float], capacity_bytes: float) -> list[float]:
+    """Bytes Belady's rule (evict the tensor used furthest ahead) fetches at each position of
+    ``sequence`` (0 on a hit), on demand into ``capacity_bytes``. Not the optimum: with tensors of
+    different sizes Belady's rule is a heuristic (hence not named ``opt``)."""
     from offsim.policies.belady import Belady
 
     counters = replay(Belady(), sequence, sizes, capacity_bytes)
     return [0.0 if s.hit else sizes[s.tensor] for s in counters.served]
 
 
-__all__ = ["Cache", "CacheCounters", "Evict", "Served", "next_positions", "opt_bytes", "replay"]
+__all__ = ["Cache", "CacheCounters", "Evict", "Served", "belady_fetched_bytes", "next_positions", "replay"]

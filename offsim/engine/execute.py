@@ -33,6 +33,7 @@ from offsim.engine.hooks import CachePolicy, ChoicePolicy, FetchTracker, PolicyC
 from offsim.engine.memory import Memory
 from offsim.engine.node import Node
 from offsim.engine.slots import Slots
+from offsim.engine.soon import call_in
 from offsim.engine.steady import SteadyState
 from offsim.schedule.analysis import bind
 from offsim.schedule.ops import (
@@ -112,9 +113,13 @@ class _OpInfo:
         start: what starting it does.
         name: the span name of a kernel or a flow ("": another op).
         usage: a flow's usage per resource name (None: not a flow).
+        after: the op's ``after`` (indices in its block).
+        activity: the op's activity, as spans name it.
+        links: a flow's links, as spans name them (one span each).
     """
 
-    __slots__ = ("access", "main", "name", "op", "ordered", "phase", "queue", "start", "usage")
+    __slots__ = ("access", "activity", "after", "links", "main", "name", "op", "ordered", "phase", "queue", "start",
+                 "usage")
 
     def __init__(self, ex: Executor, op: Op) -> None:
         body, stream = op.body, op.stream
@@ -132,6 +137,9 @@ class _OpInfo:
         flow = isinstance(body, Flow)
         self.name = ex._what_op(op) if flow or isinstance(body, Delay) else ""  # others: :meth:`Executor._what`
         self.usage = {str(r): c for r, c in body.usage} if flow else None  # type: ignore[union-attr]
+        self.after = op.after
+        self.activity = str(op.tag.activity)
+        self.links = tuple(str(link) for link in body.links) if flow else ()  # type: ignore[union-attr]
 
 
 class Executor:
@@ -259,7 +267,8 @@ class Executor:
             node = Node(op, cursor.iteration, micro_batch, info.phase, info)
             nodes = cursor.nodes
             nodes.append(node)
-            self._issue(node, [nodes[a] for a in op.after], micro_batch)
+            after = info.after
+            self._issue(node, [nodes[a] for a in after] if after else [], micro_batch)
             if info.main and not node.finished:
                 node.waiters.append(self._advance)
                 return
@@ -378,8 +387,7 @@ class Executor:
         info.start(node)
 
     def _start_delay(self, node: Node) -> None:
-        self.env.timeout(node.op.body.seconds).callbacks.append(  # type: ignore[union-attr]
-            lambda _e: self._kernel_done(node))
+        call_in(self.env, node.op.body.seconds, lambda _e: self._kernel_done(node))  # type: ignore[union-attr]
 
     def _start_alloc(self, node: Node) -> None:
         body = node.op.body
@@ -503,18 +511,18 @@ class Executor:
         return " ".join(x for x in (self._unit(op), _NOUN.get(t.activity, str(t.activity))) if x)
 
     def _kernel_done(self, node: Node) -> None:
-        t = node.op.tag
-        self.rec.span(Span(node.iteration, node.phase, "gpu", str(t.activity), node.info.name, t.layer,
-                           node.start_s, self.env._now))
+        info = node.info
+        self.rec.spans.append(Span(node.iteration, node.phase, "gpu", info.activity, info.name, node.op.tag.layer,
+                                   node.start_s, self.env._now))
         self._finish(node)
 
     def _flow_done(self, flow: NetFlow) -> None:
         node: Node = flow.meta["node"]
-        body = node.op.body
-        assert isinstance(body, Flow)
-        for link in body.links:
-            self.rec.span(Span(node.iteration, node.phase, str(link), str(node.op.tag.activity), flow.name,
-                               node.op.tag.layer, flow.start_s, self.env.now, body.nbytes))
+        info = node.info
+        append, layer, now = self.rec.spans.append, node.op.tag.layer, self.env._now
+        for link in info.links:
+            append(Span(node.iteration, node.phase, link, info.activity, flow.name, layer, flow.start_s, now,
+                        flow.size_bytes))
 
     def _stall(self, node: Node, end_s: float) -> None:
         """The op's stream waited from its head to ``end_s``: a stall when the op says so."""

@@ -23,12 +23,14 @@ from typing import Any
 
 import simpy
 
+from offsim.engine.soon import Soon, call_in
+
 _EPS = 1e-12
 #: flow sets whose rates the network keeps (it forgets them all beyond this)
 _RATE_MEMO = 65_536
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flow:
     """One transfer (or bandwidth-bound piece of work) in progress."""
 
@@ -42,6 +44,8 @@ class Flow:
     remaining_bytes: float = 0.0
     rate_bytes_per_s: float = 0.0
     key: int = -1  # names its usage and cap in the network's memo of rates (-1: not yet)
+    #: it has finished when no more than this is left (rounding): ``max(1e-6, 1e-12 * size_bytes)``
+    finished_below_bytes: float = 1e-6
 
 
 def max_min_rates(
@@ -159,13 +163,15 @@ class FlowNetwork:
 
         ``meta`` labels it (``name`` at least) and is handed back with the finished flow.
         """
-        name = str(meta.get("name", "flow"))
+        name = meta.get("name", "flow")
+        if type(name) is not str:
+            name = str(name)
         if not usage.keys() <= self.capacity.keys():
             unknown = set(usage) - set(self.capacity)
             raise KeyError(f"flow {name!r} uses unknown resources {sorted(unknown)}")
         if cap_bytes_per_s <= 0:
             raise ValueError(f"flow {name!r} needs a positive rate cap")
-        done = self.env.event()
+        done = Soon(self.env)
         flow = Flow(name, size_bytes, usage, cap_bytes_per_s, done, self.env._now, meta, size_bytes)
         if size_bytes <= 0:
             self._finish(flow)
@@ -175,6 +181,7 @@ class FlowNetwork:
         if key is None:
             key = self._keys[what] = len(self._keys)
         flow.key = key
+        flow.finished_below_bytes = max(1e-6, _EPS * size_bytes)
         self._advance()
         self.flows.append(flow)
         self._rebalance()
@@ -220,16 +227,20 @@ class FlowNetwork:
                 if left_s < horizon:
                     horizon = left_s
         if horizon < math.inf:
-            self.env.timeout(horizon).callbacks.append(lambda _ev: self._wake(token))
+            call_in(self.env, horizon, lambda _ev: self._wake(token))
 
     def _wake(self, token: WakeToken) -> None:
         if token is not self.wake_token:
             return
         self._advance()
-        finished = [f for f in self.flows if f.remaining_bytes <= max(1e-6, _EPS * f.size_bytes)]
+        flows = self.flows
+        finished = [f for f in flows if f.remaining_bytes <= f.finished_below_bytes]
         if not finished:  # rounding left a sliver: finish the nearest flow
-            finished = [min(self.flows, key=lambda f: f.remaining_bytes / max(f.rate_bytes_per_s, _EPS))]
-        self.flows = [f for f in self.flows if f not in finished]
+            finished = [min(flows, key=lambda f: f.remaining_bytes / max(f.rate_bytes_per_s, _EPS))]
+        if len(finished) == 1:
+            flows.remove(finished[0])  # by identity (eq=False): the same list as the filter below
+        else:
+            self.flows = [f for f in flows if f not in finished]
         for f in finished:
             self._finish(f)
         self._rebalance()

@@ -19,6 +19,8 @@ from collections import deque
 
 import simpy
 
+from offsim.engine.soon import Soon, call_in
+
 
 class Slots:
     """``capacity`` slots of ``env``; ``used`` are held and ``waiting`` requests queue for one."""
@@ -33,7 +35,7 @@ class Slots:
 
     def request(self) -> simpy.Event:
         """Queue for a slot; the event succeeds when it is granted."""
-        event = simpy.Event(self.env)
+        event = Soon(self.env)
         self.waiting.append(event)
         self.grant()
         return event
@@ -42,9 +44,7 @@ class Slots:
         """Give back the slot ``request`` holds; the next request is granted when the release's
         event is processed."""
         self.used -= 1
-        event = simpy.Event(self.env)
-        event.callbacks.append(self.grant)  # type: ignore[union-attr]
-        event.succeed()
+        call_in(self.env, 0.0, self.grant)
 
     def grant(self, _event: simpy.Event | None = None) -> None:
         """Grant the head of the queue if a slot is free."""
