@@ -29,8 +29,8 @@ ROUND_TRIP = {
     "twin-flow": set(),
     # ZeRO-Offload's delayed parameter update was never in DeepSpeed (no key; deepspeed_runtime.md §6)
     "zero-offload-dpu": {"delayed_param_update"},
-    # DeepSpeed's SuperOffload exists at stage 3 only; the shipped preset is stage 2
-    "superoffload": {"zero_stage"},
+    # DeepSpeed's SuperOffload exists at stage 3 only, as the shipped preset is now
+    "superoffload": set(),
 }
 
 
@@ -52,13 +52,15 @@ def test_shipped_strategy_round_trips_through_a_ds_config(name: str, tmp_path: P
         assert _metrics(back) == _metrics(make_run_config("tiny", "tiny", st, iterations=2))
 
 
-def test_superoffload_at_stage_3_simulates_as_the_stage_2_preset(tmp_path: Path) -> None:
-    """The one knob SuperOffload's ds_config changes (stage 2 -> 3) makes no difference on one GPU."""
-    st = load_strategy("superoffload")
-    path = tmp_path / "so.json"
-    path.write_text(json.dumps(ds_config_from_strategy(st)))
-    assert _metrics(make_run_config("tiny", "tiny", str(path), iterations=2)) == \
-        _metrics(make_run_config("tiny", "tiny", st, iterations=2))
+def test_superoffload_preset_is_at_deepspeeds_only_stage() -> None:
+    """DeepSpeed builds SuperOffloadOptimizer_Stage3 only at stage 3 (runtime/engine.py
+    _configure_zero_optimizer; zero/offload_config.py "Only valid with ZeRO Stage 3"): the shipped
+    preset is there, and a stage-2 ds_config asking for it is refused."""
+    assert load_strategy("superoffload").zero_stage == 3
+    stage2 = {"gradient_clipping": 0.0, "zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "cpu", "super_offload": True}}}
+    with pytest.raises(ConfigError, match="super_offload needs stage 3"):
+        reading_from_ds_config(stage2, "so.json")
 
 
 @pytest.mark.parametrize("name", ["hf_zero3_cpu_offload.json", "hf_zero3_nvme_offload.json",
