@@ -155,6 +155,10 @@ class CpuOptimizer:
         storage_cache: without a DRAM cache, a zero-capacity one that counts every sub-group's
             read and write-back (DeepSpeed reads and writes all of them every step).
         split: sub-groups the step may stream through the GPU (None: all on the CPU).
+        overflow_scan: DeepSpeed ZeRO-3's fp16 overflow check, the isinf and isnan scans of the
+            host gradient accumulator on the step's thread before any sub-group (``stage3.py::
+            step`` -> ``_overflow_check_and_loss_scale_update`` -> ``has_overflow``), while its
+            temporaries (``overflow_check_bytes``) are alive; None: no check (bf16).
     """
 
     groups: tuple[GroupIO, ...]
@@ -170,6 +174,7 @@ class CpuOptimizer:
     storage_cache: CacheSpec | None = None
     io_concurrency: int | None = None
     split: GpuSplit | None = None
+    overflow_scan: Flow | None = None
     id: MechanismId = MechanismId.CPU_OPTIMIZER
     _programs: dict[tuple[Hashable, Hashable], Block] = field(default_factory=dict, compare=False, repr=False)
 
@@ -222,14 +227,18 @@ class CpuOptimizer:
         if site.what is not SiteKind.STEP or stage is not Stage.RUN:
             return
         grads = tuple(grad_home(u) for u in range(self.n_layers))
-        if self.delayed:  # the compute stream waits only for the previous step
+        if self.delayed:  # the compute stream waits only for the previous step: a GPU stall too
             b.add(Join(), self._t(Activity.OPTIMIZER, label="waits for the previous step"), COMPUTE,
-                  reads=(STEP_DONE,))
+                  reads=(STEP_DONE,), stall=Wait("the previous optimizer step"))
         start = b.add(Join(), self._t(Activity.OPTIMIZER, label="gradients home"), STEP, reads=grads)
+        tmp = TensorRef(TensorKind.WORKSPACE, group=-3)
         if self.overflow_check_bytes:
-            tmp = TensorRef(TensorKind.WORKSPACE, group=-3)
             b.add(Alloc(Tier.HOST_PAGEABLE, self.overflow_check_bytes, tmp), self._t(Activity.OPTIMIZER), STEP)
-            b.add(Free(Tier.HOST_PAGEABLE, tmp), self._t(Activity.OPTIMIZER), STEP)
+        if self.overflow_scan is not None:
+            start = b.add(self.overflow_scan, self._t(Activity.OPTIMIZER, label="fp16 overflow check (isinf, isnan)"),
+                          STEP)
+        if self.overflow_check_bytes:
+            start = b.add(Free(Tier.HOST_PAGEABLE, tmp), self._t(Activity.OPTIMIZER), STEP)
         side = self._resident(b, start)
         k = site.iteration % len(self.orders)
         if self.split is None:

@@ -232,3 +232,20 @@ def fused_upload_bytes_per_param(lp_copy: LpCopy, lp_bytes: float = 2.0, master_
     """Host-to-GPU bytes per parameter of the updated-parameter upload: the lp copy (separate
     cast), or the fp32 tile the GPU reads itself (fused zero-copy, ``launch_param_update``)."""
     return master_bytes if lp_copy is LpCopy.FUSED_ZERO_COPY else lp_bytes
+
+
+def overflow_scan_bytes_per_param(grad_bytes: float = 2.0, fused: bool = False) -> float:
+    """DRAM bytes per element of DeepSpeed ZeRO-3's fp16 overflow check over the rank's host
+    gradient accumulator, run at each step before the norms (``stage3.py::has_overflow``:
+    ``torch.isinf(grad_partitions_flat_buffer).any()`` then ``torch.isnan(...).any()``, then
+    ``.item()``; ``_overflow_check_and_loss_scale_update`` runs it for fp16 only).
+
+    ``isinf`` is ``self.abs() == inf`` (aten/src/ATen/native/TensorCompare.cpp): ``abs`` reads and
+    writes ``grad_bytes``, ``==`` reads them and writes a 1-byte mask, ``any`` reads the mask;
+    ``isnan`` is ``self != self``: reads ``grad_bytes``, writes a mask, ``any`` reads it. So
+    4 x grad_bytes + 4 (12 B for fp16). ``fused`` (MemAscend's single-pass check): the one read
+    of each element any check needs, ``grad_bytes``.
+    """
+    if fused:
+        return grad_bytes
+    return (2.0 * grad_bytes) + (grad_bytes + 1.0) + 1.0 + (grad_bytes + 1.0) + 1.0

@@ -18,12 +18,13 @@ from offsim.mechanisms.cpu_optimizer import (
 )
 from offsim.mechanisms.gpu_optimizer import GpuOptimizer
 from offsim.plan import footprint as fp
-from offsim.plan.cpu_adam import LpCopy, fused_upload_bytes_per_param
+from offsim.plan.cpu_adam import LpCopy, fused_upload_bytes_per_param, overflow_scan_bytes_per_param
 from offsim.plan.policy_plan import (
     build_context,
     dram_cache_bytes,
 )
-from offsim.schedule.ops import CacheSpec
+from offsim.plan.step_costs import host_pass
+from offsim.schedule.ops import CacheSpec, Flow
 from offsim.systems._ctx import Ctx, whole
 
 
@@ -121,6 +122,18 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
                    passes[:1], passes[1:], blocking_home(c))
 
 
+def overflow_scan(c: Ctx) -> Flow | None:
+    """DeepSpeed ZeRO-3's fp16 overflow check at the step's start: isinf and isnan scans of the
+    rank's host gradient accumulator (:func:`offsim.plan.cpu_adam.overflow_scan_bytes_per_param`,
+    12 B per element in fp16; ``stage3.py::has_overflow``); None for bf16 (skipped,
+    ``_overflow_check_and_loss_scale_update``) or off DeepSpeed ZeRO-3's offload path."""
+    pr = c.cfg.workload.precision
+    if not fp.deepspeed_zero3_offload(c.cfg) or pr.params != "fp16":
+        return None
+    bpp = overflow_scan_bytes_per_param(DTYPE_BYTES[pr.grads], c.st.overflow_check == "fused")
+    return host_pass(whole(c.sz.local_params * bpp))
+
+
 def _dram_cache(c: Ctx, groups: list[float]) -> CacheSpec | None:
     st = c.st
     on_nvme = st.placement.optimizer_states == "nvme" and st.optimizer_device == "cpu" and not c.layerwise
@@ -157,7 +170,7 @@ def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimi
     return CpuOptimizer(tuple(_group_io(c, p, cache is not None) for p in groups), _orders(c, len(groups)),
                         st.optimizer_swap_pipeline, n, cache, whole(fp.overflow_check_bytes(c.cfg, sz)),
                         resident * gpu_adam_bpp(c) / c.cfg.hardware.gpu.hbm_bytes_per_s, gather,
-                        st.delayed_param_update, on_storage, bypass, c.v.io_concurrency, split)
+                        st.delayed_param_update, on_storage, bypass, c.v.io_concurrency, split, overflow_scan(c))
 
 
 def _zero3_step_transient(c: Ctx) -> int:

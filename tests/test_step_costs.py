@@ -1,0 +1,83 @@
+"""The optimizer step's other costs (issue 23 part 1): DeepSpeed ZeRO-3's fp16 overflow check, a
+CPU scan of the host gradient accumulator, and the delayed parameter update's wait for the
+previous step counted as a GPU stall.
+
+Overflow check (``stage3.py::step`` -> ``_overflow_check_and_loss_scale_update``, fp16 only ->
+``has_overflow``: ``torch.isinf(grad_partitions_flat_buffer).any()``, ``torch.isnan(...).any()``,
+``.item()``): isinf = ``abs() == inf`` (aten TensorCompare.cpp). Per fp16 element: abs reads
+2 B and writes 2 B, ``==`` reads 2 B and writes a 1-byte mask, ``any`` reads 1 B; isnan reads
+2 B and writes 1 B, ``any`` reads 1 B: 12 B (:func:`offsim.plan.cpu_adam.overflow_scan_bytes_per_param`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from offsim.config.run import RunConfig
+from offsim.plan import cpu_adam
+from offsim.plan.footprint import state_sizes
+from offsim.plan.model import Layer
+from offsim.simulation import run_schedule
+from tests.conftest import strategy
+from tests.test_timelines import PARAMS, STREAMED, _big_gpu, _run
+
+
+def _fp16(wl):
+    pr = wl.precision.model_copy(update={"compute": "fp16", "params": "fp16", "grads": "fp16"})
+    return wl.model_copy(update={"precision": pr})
+
+
+def _step_spans(rec) -> list[tuple[str, float, float]]:
+    return [(s.name, round(s.start_s, 9), round(s.end_s, 9)) for s in sorted(rec.spans, key=lambda s: s.start_s)
+            if s.phase == "optimizer" and s.resource in ("cpu", "dram_copy")]
+
+
+def test_overflow_scan_bytes() -> None:
+    assert cpu_adam.overflow_scan_bytes_per_param(2.0) == 12.0
+    assert cpu_adam.overflow_scan_bytes_per_param(2.0, fused=True) == 2.0
+
+
+def test_fp16_zero3_step_starts_with_the_overflow_scan(tiny_profile, tiny_workload) -> None:
+    """tests/test_timelines.py::test_transfer_bound_layers in fp16: backward ends at 16.25 s;
+    the scan of the 1.5e9-element accumulator, 1.5e9 x 12 B = 18 GB at DRAM's 100 GB/s, runs
+    [16.25, 16.43]; then each 7.5e8 sub-group: unscale 0.06, Adam 0.75, cast 0.045 s:
+    [16.43, 17.285] and [17.285, 18.14] (was [16.25, 17.96] without the scan)."""
+    rec = _run(tiny_profile, _fp16(tiny_workload), strategy(**{**STREAMED, "sub_group_params": 7.5e8}),
+               fwd_s=0.25, bwd_s=0.5)
+    assert _step_spans(rec) == [
+        ("fp16 overflow check (isinf, isnan)", 16.25, 16.43),
+        ("unscale gradients, sub-group 0", 16.43, 16.49), ("CPU Adam sub-group 0", 16.49, 17.24),
+        ("cast to 16-bit, sub-group 0", 17.24, 17.285),
+        ("unscale gradients, sub-group 1", 17.285, 17.345), ("CPU Adam sub-group 1", 17.345, 18.095),
+        ("cast to 16-bit, sub-group 1", 18.095, 18.14)]
+
+
+def test_bf16_runs_no_overflow_scan(tiny_profile, tiny_workload) -> None:
+    """stage3.py skips the check unless the model dtype is fp16 (tiny is bf16)."""
+    rec = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=0.25, bwd_s=0.5)
+    assert not [s for s in rec.spans if "overflow" in s.name]
+
+
+def test_delayed_update_wait_for_the_previous_step_is_a_stall(tiny_profile, tiny_workload) -> None:
+    """ZeRO-Offload's DPU (arXiv 2101.06840 Sec. 4.3): from the second iteration, the compute
+    stream waits at the end of backward for the previous step to finish (its last sub-group's
+    parameters home) before the next forward. That idle GPU time is a stall like every other wait
+    of the compute stream: it spans [end of iteration k's backward, end of step k-1]."""
+    st = strategy(zero_stage=2, prefetch_depth=0, optimizer_device="cpu", delayed_param_update=True,
+                  placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+    cfg = RunConfig(hardware=_big_gpu(tiny_profile), workload=tiny_workload, strategy=st, iterations=3,
+                    warmup_iterations=0)
+    layers = tuple(Layer(i, f"block{i}", PARAMS, 0.0, 0.25, 0.5, 0.0, 0.0) for i in range(3))
+    sz = dataclasses.replace(state_sizes(cfg), layers=layers, params_total=3 * PARAMS,
+                             param_bytes=3 * PARAMS * 2.0, grad_bytes=3 * PARAMS * 2.0)
+    rec = run_schedule(cfg, sz)[0]
+    stalls = [s for s in rec.spans if s.resource == "gpu_stall" and "previous optimizer step" in s.name]
+    assert [s.iteration for s in stalls] == [1, 2]
+    backward_end = {it: end for it, name, _, end in rec.phases if name == "backward"}
+    for s in stalls:
+        step_end = max(x.end_s for x in rec.spans if x.iteration == s.iteration - 1 and x.phase == "optimizer"
+                       and x.resource != "gpu_stall")
+        assert (s.start_s, s.end_s) == (pytest.approx(backward_end[s.iteration]), pytest.approx(step_end))
+        assert s.end_s > s.start_s  # the step (about 6 s) is longer than an iteration's 2.25 s of compute
