@@ -14,6 +14,10 @@ configuration (:func:`offsim.validation_intervals.drawn_configs`, the draws ``of
   capacity, largest items) and the factors the draw applied (the why);
 * each range that applied: its id, the factor range, the values of the run it scales, its source.
 
+The ranges are those a profile or a workload declares for its own fields (``assumed``,
+:mod:`offsim.config.assumed`), then those of the assumptions file (the shipped
+``validation/assumptions.yaml`` unless another is given) on the fields the files do not declare.
+
 Quantiles are linear between order statistics (:func:`offsim.validation_intervals.quantile`,
 numpy's default).
 """
@@ -26,6 +30,7 @@ from typing import Any
 
 from offsim.config.run import RunConfig
 from offsim.validation_intervals import (
+    DECLARING,
     HIGH_Q,
     LOW_Q,
     MID_Q,
@@ -35,6 +40,7 @@ from offsim.validation_intervals import (
     drawn_configs,
     quantile,
     run_value,
+    with_declared,
 )
 
 #: The memory tiers of :class:`offsim.metrics.PeakBytes`, in its order.
@@ -51,10 +57,12 @@ class RangeUsed:
     scale: tuple[float, float]  # the factor's range, drawn log-uniformly
     values: tuple[tuple[str, float | None], ...]  # (path, the run's value; None for a curve)
     source: str
+    origin: str = "assumptions file"  # or "hardware profile" / "workload": the file's own ``assumed``
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
-        return {"id": self.id, "scale": list(self.scale), "values": dict(self.values), "source": self.source}
+        return {"id": self.id, "scale": list(self.scale), "values": dict(self.values), "source": self.source,
+                "origin": self.origin}
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,8 @@ def ranges_used(models: Models, assumptions: Sequence[Assumption]) -> list[Range
         for p in a.paths:
             v = run_value(models, p)
             values.append((p, float(v) if isinstance(v, int | float) else None))
-        out.append(RangeUsed(a.id, a.scale, tuple(values), " ".join(a.source.split())))
+        origin = DECLARING.get(a.id.split(":")[0], "assumptions file")
+        out.append(RangeUsed(a.id, a.scale, tuple(values), " ".join(a.source.split()), origin))
     return out
 
 
@@ -131,11 +140,13 @@ def _misfit(index: int, metrics: Any, factors: tuple[tuple[str, float], ...]) ->
 def run_intervals(cfg: RunConfig, assumptions: Sequence[Assumption], samples: int, seed: int = 0,
                   on_draw: Callable[[], None] | None = None) -> RunIntervals:
     """Simulate ``samples`` draws of the assumed inputs that apply to ``cfg`` (its iterations and
-    warm-up kept) and take p10/p50/p90 of the iteration time and of each tier's peak bytes.
+    warm-up kept): the ranges its profile and workload declare, then those of ``assumptions`` on
+    other fields; take p10/p50/p90 of the iteration time and of each tier's peak bytes.
     Reproducible for a ``seed``; ``on_draw`` is called after each draw (progress)."""
     from offsim import simulate
 
     models = models_of(cfg)
+    assumptions = with_declared(models, assumptions)
     used = ranges_used(models, assumptions)
     chosen = [a for a in assumptions if any(a.id == r.id for r in used)]
     times: list[float] = []

@@ -4,9 +4,10 @@ Each published figure of a case gets up to three intervals (p10, p50, p90), each
 source of uncertainty:
 
 * ``inputs``: the values of a profile, workload or strategy that are assumptions carry a range
-  (``validation/assumptions.yaml``, each range with its source). The case is simulated at ``n``
-  Latin-hypercube draws of the ranges that apply to it; the quantiles are taken over the draws
-  that fit. This is what a user's run would report (:func:`input_quantiles`).
+  (``validation/assumptions.yaml``, each range with its source; a profile's or workload's own
+  ``assumed`` ranges take the place of the file's on the same field). The case is simulated at
+  ``n`` Latin-hypercube draws of the ranges that apply to it; the quantiles are taken over the
+  draws that fit. This is what a user's run reports (``offsim run --samples``, :mod:`offsim.intervals`).
 * ``model``: the spread of offsim's error on *other* cases. The residual of a figure is its
   measured / predicted ratio as time or bytes (a throughput's is predicted / measured). A case's
   interval uses the residuals of the same kind of figure from the validation cases of every
@@ -35,6 +36,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from offsim import simulate
+from offsim.config.assumed import field_at
 from offsim.config.base import Frozen
 from offsim.config.loading import read_yaml, validate_data
 from offsim.config.run import RunConfig, make_run_config
@@ -146,6 +148,8 @@ def _scaled(value: Any, factor: float, clip: tuple[float, float] | None) -> Any:
 
     if isinstance(value, list | tuple):  # a curve of [x, y] points: the y values are scaled
         return [[p[0], one(p[1])] for p in value]
+    if isinstance(value, int) and not isinstance(value, bool):  # a count (a workload's seq_len): whole, >= 1
+        return max(1, round(one(float(value))))
     return one(float(value))
 
 
@@ -183,6 +187,7 @@ def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models
             if not paths:
                 continue
             data = out[part].model_dump()
+            data.pop("assumed", None)  # the file's own ranges, drawn already: a draw's value may sit at their edge
             for p in paths:
                 value = run_value(out, p)
                 _set(data, p.split(".")[1:], _scaled(value, factor, a.clip))
@@ -190,6 +195,35 @@ def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models
                     data["cpu"]["optimizer_rate_origin"] = "measured"
             out[part] = validate_data(type(out[part]), data, f"assumption '{a.id}'")
     return out
+
+
+#: The parts of a run whose files may declare their own ranges, and what a range of theirs is called.
+DECLARING = {"hardware": "hardware profile", "workload": "workload"}
+
+
+def declared_ranges(models: Models) -> list[Assumption]:
+    """The ranges the profile and the workload declare under ``assumed`` (:mod:`offsim.config.assumed`),
+    as factor ranges of the values the files give; each is named ``<part>:<path>``."""
+    out = []
+    for part in DECLARING:
+        model = models[part]
+        for path, r in getattr(model, "assumed", {}).items():
+            out.append(Assumption(id=f"{part}:{path}", paths=[f"{part}.{path}"],
+                                  scale=r.factors(field_at(model, path)), source=r.why))
+    return out
+
+
+def with_declared(models: Models, shipped: Sequence[Assumption]) -> list[Assumption]:
+    """The files' own ranges first, then the shipped ranges less the fields the files declare
+    (a shipped range left with no field is dropped)."""
+    own = declared_ranges(models)
+    taken = {p for a in own for p in a.paths}
+    kept = []
+    for a in shipped:
+        paths = [p for p in a.paths if p not in taken]
+        if paths:
+            kept.append(a if len(paths) == len(a.paths) else a.model_copy(update={"paths": paths}))
+    return [*own, *kept]
 
 
 def latin_hypercube(n: int, k: int, rng: random.Random) -> list[list[float]]:
@@ -234,7 +268,7 @@ def sample_inputs(models: Models, assumptions: Sequence[Assumption], samples: in
                   on_draw: Callable[[], None] | None = None) -> Draws:
     """Simulate ``samples`` Latin-hypercube draws of the ranges that apply to ``models``;
     ``metric_fn`` reads what is wanted from each run that fits. Reproducible for a ``seed``."""
-    chosen = [a for a in assumptions if applies(a, models)]
+    chosen = [a for a in with_declared(models, assumptions) if applies(a, models)]
     values: dict[str, list[float]] = {}
     feasible = 0
     for _factors, cfg in drawn_configs(models, chosen, samples, seed):

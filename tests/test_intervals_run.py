@@ -125,3 +125,67 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
                    "scale: [1.2, 1.5], source: s}\n")
     result = runner.invoke(app, ["run", "-H", "tiny", "-w", "tiny", "--samples", "2", "--assumptions", str(bad)])
     assert result.exit_code == 2 and "must hold 1" in result.output
+
+
+# ----------------------------------------------------------------------------- a file's own ranges
+ASSUMED_PROFILE = Path(__file__).parent / "data" / "intervals" / "tiny-assumed.yaml"
+
+
+def test_a_profile_declares_its_assumed_values_and_they_replace_the_shipped_range() -> None:
+    """tiny-assumed declares memcpy 5-20 GB/s around its 10 (factors x0.5-x2) and its GEMM
+    curve x0.9-x1: they are drawn in place of the shipped cpu-memcpy and gemm-efficiency ranges;
+    the other shipped ranges still apply."""
+    cfg = make_run_config(str(ASSUMED_PROFILE), "tiny", "zero-offload")
+    iv = run_intervals(cfg, load_assumptions(default_assumptions_path()), samples=4, seed=0)
+    by_id = {r.id: r for r in iv.ranges}
+    memcpy = by_id["hardware:cpu.memcpy_gb_per_s"]
+    assert (memcpy.scale, memcpy.origin, memcpy.values) == ((0.5, 2.0), "hardware profile",
+                                                           (("hardware.cpu.memcpy_gb_per_s", 10.0),))
+    assert by_id["hardware:gpu.gemm_efficiency"].scale == (0.9, 1.0)
+    assert "cpu-memcpy" not in by_id and "gemm-efficiency" not in by_id and "host-link-rate" in by_id
+    assert all(0.5 <= dict(f)["hardware:cpu.memcpy_gb_per_s"] <= 2.0 for f in iv.factors)
+
+
+def _tiny_profile_data() -> dict:
+    import yaml
+
+    return yaml.safe_load(ASSUMED_PROFILE.read_text())
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"cpu.memcpy_gb_per_s": {"range": [12, 20], "why": "w"}}, "does not hold the value 10.0"),
+    ({"cpu.memcpy_gb_per_s": {"range": [5, 20], "scale": [0.5, 2], "why": "w"}}, "exactly one of range and scale"),
+    ({"cpu.memcpy_gb_per_s": {"scale": [1.1, 2], "why": "w"}}, "must hold 1"),
+    ({"cpu.no_such_field": {"scale": [0.9, 1.1], "why": "w"}}, "not a number of this file"),
+    ({"gpu.gemm_efficiency": {"range": [0.5, 1.0], "why": "w"}}, "a curve takes scale"),
+    ({"cpu.memcpy_gb_per_s": {"range": [5, 20]}}, "why"),
+])
+def test_a_bad_assumed_range_is_one_message_naming_the_field(tmp_path: Path, entry: dict, message: str) -> None:
+    import yaml
+
+    data = _tiny_profile_data()
+    data["assumed"] = entry
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["run", "-H", str(bad), "-w", "tiny", "-q"])
+    assert result.exit_code == 2 and message in result.output and "assumed" in result.output, result.output
+
+
+def test_a_workload_count_is_drawn_whole() -> None:
+    """A workload's seq_len (512 in tiny) declared 256-1024: every draw runs a whole number of
+    tokens in that range (512 x the factor, rounded), and more tokens take longer, so the time
+    interval is not a point."""
+    from offsim.intervals import models_of
+    from offsim.validation_intervals import drawn_configs, with_declared
+
+    data = load_workload("tiny").model_dump()
+    assert data["training"]["seq_len"] == 512
+    data["assumed"] = {"training.seq_len": {"range": [256, 1024], "why": "test: the source gives no length"}}
+    cfg = make_run_config("tiny", Workload.model_validate(data), "gpu-only")
+    models = models_of(cfg)
+    chosen = with_declared(models, [])
+    for factors, drawn in drawn_configs(models, chosen, 4, "3"):
+        seq = drawn.workload.training.seq_len
+        assert isinstance(seq, int) and 256 <= seq <= 1024 and seq == round(512 * factors[0][1])
+    iv = run_intervals(cfg, [], samples=4, seed=3)
+    assert iv.fits == 4 and iv.iteration_time_s is not None and iv.iteration_time_s[0] < iv.iteration_time_s[2]

@@ -67,12 +67,13 @@ def intervals_lines(iv: RunIntervals, assumptions: Path | None) -> list[str]:
         lines.append(f"  draw {m.draw} does not fit ({m.tier}): {m.reason}; drawn: {drawn}")
     if len(iv.misfits) > MISFIT_LINES:
         lines.append(f"  ... and {len(iv.misfits) - MISFIT_LINES} more draws that do not fit (--json lists all)")
-    where = assumptions or "validation/assumptions.yaml"
+    where = f"{assumptions or 'validation/assumptions.yaml'} and the files' own 'assumed'"
     lines.append(f"ranges that applied ({where}; each factor drawn log-uniformly, sources in --json):"
                  if iv.ranges else f"no range of {where} applies to this configuration")
     for r in iv.ranges:
         values = ", ".join(f"{p} = {'curve' if v is None else f'{v:.4g}'}" for p, v in r.values)
-        lines.append(f"  {r.id} x{r.scale[0]:g}-x{r.scale[1]:g}: {values}")
+        origin = "" if r.origin == "assumptions file" else f" ({r.origin})"
+        lines.append(f"  {r.id}{origin} x{r.scale[0]:.3g}-x{r.scale[1]:.3g}: {values}")
     return lines
 
 

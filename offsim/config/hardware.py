@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from offsim.config.assumed import AssumedRange, check_assumed
 from offsim.config.base import Frozen, Provenance
 from offsim.plan.cpu_adam import CpuHost, CpuSimd, RateOrigin, node_adam_params_per_s
 from offsim.units import GB, TFLOPS, US, GiB
@@ -496,8 +497,16 @@ class HardwareProfile(Frozen):
     pfs: PFS | None = None  # optional third storage tier shared over the network (MLP-Offload)
     topology: Topology = Topology()
     price_usd_per_hour: float | None = Field(default=None, ge=0)
+    assumed: dict[str, AssumedRange] = Field(default_factory=dict, description=(
+        "fields that are assumptions (dotted path, e.g. cpu.memcpy_gb_per_s) with their range and "
+        "why; offsim run --samples draws them (offsim.config.assumed)"))
 
     @model_validator(mode="before")
     @classmethod
     def _cpu_adam_rate(cls, data: Any) -> Any:
         return _derive_cpu_adam_rate(data)
+
+    @model_validator(mode="after")
+    def _check_assumed(self) -> HardwareProfile:
+        check_assumed(self, self.assumed)
+        return self

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from offsim.config.assumed import AssumedRange, check_assumed
 from offsim.config.base import Frozen, Provenance
 
 StorageDType = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4", "nf4", "none"]
@@ -345,6 +346,14 @@ class Workload(Frozen):
     training: Training
     precision: Precision = Precision()
     optimizer: Optimizer = Optimizer()
+    assumed: dict[str, AssumedRange] = Field(default_factory=dict, description=(
+        "fields that are assumptions (dotted path, e.g. training.seq_len) with their range and why; "
+        "offsim run --samples draws them (offsim.config.assumed)"))
+
+    @model_validator(mode="after")
+    def _check_assumed(self) -> Workload:
+        check_assumed(self, self.assumed)
+        return self
 
     @property
     def tokens_per_iteration(self) -> int:
