@@ -31,8 +31,20 @@ instead fused the copy into the step (``ds_adam_step_plus_copy``: the GPU reads 
 result over PCIe, 4 B/elem; removed by PR #5409, absent from v0.14.3); that is
 :attr:`LpCopy.FUSED_ZERO_COPY`. The current release is :attr:`LpCopy.SEPARATE_CAST`.
 
+Fit and checks, kept apart (issue 23's rule). The one fitted number, :data:`ADAM_DRAM_EFFICIENCY`,
+comes from ZeRO-Offload's Table 4 alone (:func:`fit_dram_efficiency`). It is checked, never fitted,
+on: LSP-Offload's Table 1 (Threadripper 3970X; a strict xfail in tests/test_cpu_adam.py, the
+model predicts 1.57e9 params/s where 3.5e9 were measured), and the Deep Optimizer States sample
+log's vanilla ZeRO-3 step (EPYC 7543P assumed; validation case dos-7b-vanilla-zero3-cpu-optimizer:
+3.32 s predicted, 3.96 s logged, of which Adam at 3.21e9 params/s is 1.85 s, the rest the
+sub-groups' blocking uploads and the unscale and cast passes).
+
 Not modelled: the per-tile fork/join and per-call Python overhead (one fork per 128 Mi elements),
-NUMA placement beyond the even split across sockets, the first step's page faults.
+NUMA placement beyond the even split across sockets, the first step's page faults, and the host
+synchronizations of the gradient norm (``stage3.py::complete_grad_norm_calculation_for_cpu_offload``:
+one ``float()`` and one ``.cpu()`` per sub-group; ZeRO-1/2: one ``.item()`` per parameter of the
+fp64 norms ``set_norm_for_param_grad_in_gpu`` computes on the GPU), for want of a measured
+host-sync latency in the profiles.
 """
 
 from __future__ import annotations
