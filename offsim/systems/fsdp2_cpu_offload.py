@@ -84,9 +84,9 @@ class Options(Frozen):
             default is 0.0.
         clip_grad_norm: ``clip_grad_norm_`` over the CPU gradients before the step (Hugging Face's
             ``max_grad_norm`` default 1.0 clips).
-        threads_per_rank: intra-op threads of each rank's process (None: its share of the
-            node's cores; ``torchrun`` sets ``OMP_NUM_THREADS=1`` for several processes per node
-            unless the user sets it).
+        threads_per_rank: intra-op threads of each rank's process (None: as ``torchrun``
+            leaves them, :func:`launched_threads`: 1 with several processes per node, else the
+            node's cores).
     """
 
     optimizer: AdamImpl = Field(default=AdamImpl.FOR_LOOP, strict=False)
@@ -95,13 +95,30 @@ class Options(Frozen):
     threads_per_rank: int | None = Field(default=None, ge=1)
 
 
+#: ``OMP_NUM_THREADS`` torchrun gives every process when it starts several per node and the user
+#: set none: pytorch/pytorch @ 010929fd3f ``torch/distributed/run.py`` ``config_from_args``
+#: (``if "OMP_NUM_THREADS" not in os.environ and nproc_per_node > 1``: 1, "to avoid your system
+#: being overloaded"); with one process it sets nothing and torch uses the node's cores.
+TORCHRUN_THREADS_PER_RANK = 1
+
+
+def launched_threads(ranks_per_node: int, threads_per_rank: int | None) -> int | None:
+    """Each rank's intra-op threads: the strategy's ``threads_per_rank`` when set, else torchrun's
+    default (:data:`TORCHRUN_THREADS_PER_RANK` with several ranks per node, None with one: the
+    node's cores, :func:`offsim.plan.cpu_adam.rank_threads`)."""
+    if threads_per_rank is not None:
+        return threads_per_rank
+    return TORCHRUN_THREADS_PER_RANK if ranks_per_node > 1 else None
+
+
 # ------------------------------------------------------------------ the CPU step's DRAM bytes
 def torch_step_flow(c: Ctx, params: float, passes: tuple[TorchPass, ...]) -> Flow:
     """The passes over ``params`` elements as one flow (:func:`offsim.plan.torch_cpu.torch_pass_flow`:
     torch's CPU code priced alike in every system; its assumption is stated there), on the rank's
-    ``threads_per_rank``."""
+    threads (:func:`launched_threads`)."""
     opts = read_options(c.st, Options)
-    return torch_pass_flow(c.cfg.hardware, c.sz.ranks_per_node, opts.threads_per_rank, params, passes)
+    threads = launched_threads(c.sz.ranks_per_node, opts.threads_per_rank)
+    return torch_pass_flow(c.cfg.hardware, c.sz.ranks_per_node, threads, params, passes)
 
 
 # ------------------------------------------------------------------ mechanisms of this system
