@@ -59,7 +59,9 @@ COMMAND_SUMMARIES: dict[str, str] = {
         'stall, bytes per link, hit rate and peak memory per tier, and bytes against the lower bound\n'
         'any policy must move (and the best schedule found), over one or several cache sizes. The\n'
         'first line is the decision (per budget, the fastest policy and its distance to the bound);\n'
-        '--quiet prints only that line. Exit 1 when no variant fits.'
+        '--quiet prints only that line. With --samples N, each variant at the same N draws of the\n'
+        'assumed inputs: p10-p90 of its time, in how many it fits and is the fastest. Exit 1 when no\n'
+        'variant fits.'
     ),
     "rok": (
         'The ROK curve: GPU memory saved against time cost of recomputing, offloading to DRAM or\n'

@@ -91,6 +91,7 @@ class RunIntervals:
     peak_bytes: dict[str, Quantiles]  # tier -> over the draws that fit
     misfits: tuple[Misfit, ...]
     factors: tuple[tuple[tuple[str, float], ...], ...] = ()  # per draw: (range id, factor)
+    draw_times_s: tuple[float | None, ...] = ()  # per draw: its iteration time (None: does not fit)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (the ``intervals`` of ``offsim run --samples N --json``)."""
@@ -102,7 +103,7 @@ class RunIntervals:
                 "peak_bytes": {t: q(v) for t, v in self.peak_bytes.items()},
                 "misfits": [m.to_dict() for m in self.misfits],
                 "ranges": [r.to_dict() for r in self.ranges],
-                "factors": [dict(f) for f in self.factors]}
+                "factors": [dict(f) for f in self.factors], "draw_times_s": list(self.draw_times_s)}
 
 
 def quantiles(values: Sequence[float]) -> Quantiles | None:
@@ -153,12 +154,14 @@ def run_intervals(cfg: RunConfig, assumptions: Sequence[Assumption], samples: in
     peaks: dict[str, list[float]] = {t: [] for t in TIERS}
     misfits = []
     drawn_factors = []
+    draw_times: list[float | None] = []
     draws = drawn_configs(models, chosen, samples, str(seed), iterations=cfg.iterations,
                           warmup=cfg.warmup_iterations)
     for index, (factors, drawn) in enumerate(draws, start=1):
         drawn_factors.append(tuple((a.id, f) for a, f in factors))
         result = simulate(drawn)
         m = result.metrics
+        draw_times.append(m.iteration_time_s if m.feasible else None)
         if m.feasible:
             times.extend([] if m.iteration_time_s is None else [m.iteration_time_s])
             for t in TIERS:
@@ -169,4 +172,4 @@ def run_intervals(cfg: RunConfig, assumptions: Sequence[Assumption], samples: in
             on_draw()
     peak_q = {t: q for t, v in peaks.items() if (q := quantiles(v)) is not None}
     return RunIntervals(samples, seed, samples - len(misfits), tuple(used), quantiles(times), peak_q,
-                        tuple(misfits), tuple(drawn_factors))
+                        tuple(misfits), tuple(drawn_factors), tuple(draw_times))

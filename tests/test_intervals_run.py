@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 
 from offsim import make_run_config, simulate
 from offsim.cli import app
+from offsim.commands._intervals import fastest_draws
 from offsim.config.hardware import HardwareProfile
 from offsim.config.loading import load_profile, load_workload
 from offsim.config.workload import Workload
-from offsim.intervals import run_intervals
+from offsim.intervals import RunIntervals, run_intervals
 from offsim.validation_intervals import Assumption, default_assumptions_path, load_assumptions
 
 runner = CliRunner()
@@ -189,3 +190,35 @@ def test_a_workload_count_is_drawn_whole() -> None:
         assert isinstance(seq, int) and 256 <= seq <= 1024 and seq == round(512 * factors[0][1])
     iv = run_intervals(cfg, [], samples=4, seed=3)
     assert iv.fits == 4 and iv.iteration_time_s is not None and iv.iteration_time_s[0] < iv.iteration_time_s[2]
+
+
+# ----------------------------------------------------------------------------- compare --samples
+def _iv(times: tuple[float | None, ...], factors: tuple = ((("a", 1.0),),) * 3) -> RunIntervals:
+    return RunIntervals(samples=len(times), seed=0, fits=sum(t is not None for t in times), ranges=(),
+                        iteration_time_s=None, peak_bytes={}, misfits=(), factors=factors, draw_times_s=times)
+
+
+def test_fastest_draws_by_hand() -> None:
+    """Three draws, two budgets. Budget x: A 1, 2, 3 s; B 2, 1, 3 s: A wins draw 1, B draw 2, both
+    tie draw 3 (each counts it): A 2, B 2. Budget y: C 5, -, 5 s (draw 2 does not fit); D 6, 6, 4 s:
+    C wins draw 1, D draws 2 (C does not fit) and 3: C 1, D 2. A variant without draws (a policy
+    error) gets None, and a budget whose variants saw other draws gets None throughout."""
+    found = [_iv((1.0, 2.0, 3.0)), _iv((2.0, 1.0, 3.0)), _iv((5.0, None, 5.0)), _iv((6.0, 6.0, 4.0)), None]
+    assert fastest_draws(["x", "x", "y", "y", "y"], found) == [2, 2, 1, 2, None]
+    other = _iv((1.0, 1.0, 1.0), factors=((("b", 1.0),),) * 3)
+    assert fastest_draws(["z", "z"], [_iv((1.0, 2.0, 3.0)), other]) == [None, None]
+
+
+def test_compare_samples_adds_paired_columns() -> None:
+    result = runner.invoke(app, ["compare", "-H", "tiny", "-w", "tiny", "--policies", "lru,mru", "--cache-gib",
+                                 "0.1", "--samples", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert [r["fits_draws"] for r in rows] == ["3/3", "3/3"]
+    for r in rows:
+        assert r["iteration_p10_s"] <= r["iteration_p50_s"] <= r["iteration_p90_s"]
+    assert sum(r["fastest_draws"] for r in rows) >= 3  # every draw has a fastest (ties count for each)
+    table = runner.invoke(app, ["compare", "-H", "tiny", "-w", "tiny", "--policies", "lru,mru", "--cache-gib",
+                                "0.1", "--samples", "3"], terminal_width=200)
+    assert table.exit_code == 0 and "each variant at the same 3 draws" in table.stdout
+    assert runner.invoke(app, ["compare", "-H", "tiny", "-w", "tiny", "--samples", "-2"]).exit_code == 2

@@ -4,14 +4,18 @@ that applied). The intervals themselves are :mod:`offsim.intervals`."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from offsim.commands._common import PEAK_LABELS, configured, console, fail, gib, say
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from offsim.config.run import RunConfig
     from offsim.intervals import RunIntervals
     from offsim.results import RunResult
@@ -82,3 +86,86 @@ def print_intervals(iv: RunIntervals, result: RunResult, assumptions: Path | Non
     console.print(intervals_table(iv, result))
     for line in intervals_lines(iv, assumptions):
         say(line)
+
+
+# ----------------------------------------------------------------------------- compare --samples
+def sample_variants(variants: list[tuple[Any, Any, Any]], samples: int, seed: int, assumptions: Path | None,
+                    steps: tuple[int, int], *, progress: bool) -> list[RunIntervals | None]:
+    """Each variant (hardware, workload, strategy) of ``offsim compare``, run for ``steps``
+    (iterations, warm-up), at the same ``samples`` draws (one seed; the same ranges apply to every
+    variant of one profile and workload, so draw i is the same machine for all: the comparison is
+    paired). A variant whose policy errs gets None; bad input exits 2."""
+    from offsim.config.run import make_run_config
+    from offsim.errors import OffsimError, PolicyError
+    from offsim.intervals import run_intervals
+    from offsim.report.progress import progress_bar
+    from offsim.validation_intervals import default_assumptions_path, load_assumptions
+
+    found: list[RunIntervals | None] = []
+    try:
+        ranges = load_assumptions(assumptions or default_assumptions_path())
+        with progress_bar(samples * len(variants), "sampling the assumed inputs", enabled=progress) as advance:
+            for hw, wl, st in variants:
+                cfg = make_run_config(hw, wl, st, iterations=steps[0], warmup_iterations=steps[1])
+                try:
+                    found.append(run_intervals(cfg, ranges, samples, seed, on_draw=advance))
+                except PolicyError:  # its point row says why
+                    found.append(None)
+    except OffsimError as exc:
+        fail(str(exc))
+    return found
+
+
+def fastest_draws(groups: list[Any], found: list[RunIntervals | None]) -> list[int | None]:
+    """Per variant, in how many draws it is the fastest of the variants of its group (``groups``:
+    a key per variant, e.g. its budgets; a tie within 1e-9 counts for each variant that ties);
+    None where the group's variants did not see the same draws (other ranges applied) or the
+    variant has no draws."""
+    counts: list[int | None] = [None] * len(found)
+    for key in dict.fromkeys(groups):
+        members = {i: iv for i, (g, iv) in enumerate(zip(groups, found, strict=True)) if g == key and iv is not None}
+        first = next(iter(members.values()), None)
+        if first is None or any(iv.factors != first.factors for iv in members.values()):
+            continue
+        wins = dict.fromkeys(members, 0)
+        for d in range(first.samples):
+            fits = {i: t for i, iv in members.items() if (t := iv.draw_times_s[d]) is not None}
+            best = min(fits.values(), default=math.inf)
+            for i, t in fits.items():
+                wins[i] += t <= best * (1 + 1e-9)
+        for i, w in wins.items():
+            counts[i] = w
+    return counts
+
+
+def interval_columns(table: pd.DataFrame, found: list[RunIntervals | None]) -> pd.DataFrame:
+    """``table`` (one row per variant, in ``found``'s order) with the iteration time's p10/p50/p90
+    over the draws that fit, ``fits_draws`` ("k/N") and ``fastest_draws`` within its budgets."""
+    out = table.copy()
+    qs = [iv.iteration_time_s if iv is not None else None for iv in found]
+    for i, name in enumerate(("p10", "p50", "p90")):
+        out[f"iteration_{name}_s"] = [q[i] if q else math.nan for q in qs]
+    out["fits_draws"] = [f"{iv.fits}/{iv.samples}" if iv is not None else "-" for iv in found]
+    budgets = [(str(a), str(b)) for a, b in zip(table.get("cache_gib", [None] * len(table)),
+                                                table.get("dram_cache_gib", [None] * len(table)), strict=True)]
+    out["fastest_draws"] = fastest_draws(budgets, found)
+    return out
+
+
+def variant_intervals_table(table: pd.DataFrame, samples: int, seed: int) -> Table:
+    """One row per variant: its time as written beside p10 / p50 / p90 over the draws that fit,
+    in how many draws it fits and in how many it is the fastest of its budgets."""
+    t = Table(title=f"each variant at the same {samples} draws of the assumed inputs (seed {seed})")
+    for col in ("variant", "GPU buf GiB", "DRAM GiB", "iteration s", "p10 s", "p50 s", "p90 s", "fits",
+                "fastest"):
+        t.add_column(col, justify="left" if col == "variant" else "right")
+
+    def num(v: Any) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
+
+    for r in table.to_dict("records"):
+        t.add_row(escape(str(r["variant"])), num(r.get("cache_gib")), num(r.get("dram_cache_gib")),
+                  num(r.get("iteration_time_s")) if r.get("feasible") else "does not fit",
+                  num(r["iteration_p10_s"]), num(r["iteration_p50_s"]), num(r["iteration_p90_s"]),
+                  str(r["fits_draws"]), num(r["fastest_draws"]))
+    return t

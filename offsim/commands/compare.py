@@ -169,18 +169,28 @@ def compare(
     html: opt.Html = None,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
+    samples: opt.Samples = 0,
+    seed: opt.Seed = 0,
+    assumptions: opt.Assumptions = None,
 ) -> None:
     """Run several policies (or strategies) on one profile and workload side by side: time,
     stall, bytes per link, hit rate and peak memory per tier, and bytes against the lower bound
     any policy must move (and the best schedule found), over one or several cache sizes. The
     first line is the decision (per budget, the fastest policy and its distance to the bound);
-    --quiet prints only that line. Exit 1 when no variant fits."""
+    --quiet prints only that line. With --samples N, each variant at the same N draws of the
+    assumed inputs: p10-p90 of its time, in how many it fits and is the fastest. Exit 1 when no
+    variant fits."""
     from offsim.compare import decision
 
     check_out_file(out)
     check_out_file(html, "--html")
-    table = _run_compare(hardware, workload, strategy, policies, strategies, param_buffer_gib, cache_gib,
-                         dram_cache_gib, iterations, warmup, quiet)
+    table, variants = _run_compare(hardware, workload, strategy, policies, strategies, param_buffer_gib, cache_gib,
+                                   dram_cache_gib, iterations, warmup, quiet)
+    if samples:
+        from offsim.commands._intervals import interval_columns, sample_variants
+
+        found = sample_variants(variants, samples, seed, assumptions, (iterations, warmup), progress=not quiet)
+        table = interval_columns(table, found)
     title = f"{workload} on {hardware}: policies over {strategy}"
     files = _write_outputs(table, title, out, html, "compare")
     sentence = decision(table)
@@ -190,19 +200,28 @@ def compare(
     else:
         say(sentence)
         if not quiet:
-            _print_compare(table, title)
-            for line in _notes(table):
-                say(line)
-            _say_written(files)
+            _print_study(table, title, files, (samples, seed))
     if not _any_feasible(table):
         raise typer.Exit(ExitCode.NO)
 
 
+def _print_study(table: pd.DataFrame, title: str, files: dict[str, str], draws: tuple[int, int]) -> None:
+    """The table, with ``draws`` (samples, seed) the variants' intervals, the notes, the files written."""
+    _print_compare(table, title)
+    if draws[0]:
+        from offsim.commands._intervals import variant_intervals_table
+
+        wide.print(variant_intervals_table(table, *draws))
+    for line in _notes(table):
+        say(line)
+    _say_written(files)
+
+
 def _run_compare(hardware: str, workload: str, strategy: str, policies: str | None, strategies: str | None,
                  param_buffer_gib: str, cache_gib: str | None, dram_cache_gib: str | None, iterations: int,
-                 warmup: int, quiet: bool) -> pd.DataFrame:
-    """The variants (policy variants of ``strategy`` and strategies as they are), simulated; bad
-    input exits 2.
+                 warmup: int, quiet: bool) -> tuple[pd.DataFrame, list[tuple[Any, Any, Any]]]:
+    """The variants (policy variants of ``strategy`` and strategies as they are), simulated, and
+    each variant's (hardware, workload, strategy) in the table's row order; bad input exits 2.
 
     Every strategy is read as ``offsim run`` reads it (:func:`load_config`): a DeepSpeed,
     Accelerate or Megatron-Core file with the workload, its notes on stderr. The policy variants
@@ -238,7 +257,8 @@ def _run_compare(hardware: str, workload: str, strategy: str, policies: str | No
             except OffsimError as exc:
                 fail(str(exc))
             tables.append(table)
-    return tighten_upper_bounds(pd.concat(tables, ignore_index=True))
+    return (tighten_upper_bounds(pd.concat(tables, ignore_index=True)),
+            [(hw, wl, st) for hw, wl, variants in groups for _, st in variants])
 
 
 def _write_outputs(table: pd.DataFrame, title: str, out: Path | None, html: Path | None,
