@@ -9,6 +9,8 @@ point is pruned as dominated). Results go to a temporary folder that is deleted 
     python benchmarks/sweep_throughput.py                       # 10,000 points, local and Dask
     python benchmarks/sweep_throughput.py --points 2000 --mode local
     python benchmarks/sweep_throughput.py --profile 300         # where one worker's time goes
+    python benchmarks/sweep_throughput.py --points 2000 --worker  # one pool worker's share, timed
+    python benchmarks/sweep_throughput.py --points 2000 --worker --profile 1  # ... and profiled
 
 Prints figures only; nothing here asserts a timing.
 """
@@ -127,6 +129,35 @@ def profile(plan: SweepPlan, n: int) -> None:
     print(out.getvalue())
 
 
+def worker_share(plan: SweepPlan, workers: int, profiled: bool) -> None:
+    """One pool worker's share of the sweep in this process, as the pool deals it: every
+    ``workers``-th chunk of the grid, reusing runs (:func:`offsim.engine.reuse.enable`), timed
+    in CPU seconds of this process (and profiled with ``profiled``)."""
+    from offsim.engine import reuse
+    from offsim.sweep.execute import _chunks
+
+    payload = Payload.from_plan(plan, prefilter=True)
+    share = _chunks(plan.points, workers)[::workers]
+    memo = reuse.RunMemo()
+    prof = cProfile.Profile() if profiled else None
+    c0, t0 = cpu_s(resource.RUSAGE_SELF), time.perf_counter()
+    with reuse.reusing(memo):
+        if prof is not None:
+            prof.enable()
+        rows = [row for items in share for row in run_chunk(payload, items)]
+        if prof is not None:
+            prof.disable()
+    cpu, wall = cpu_s(resource.RUSAGE_SELF) - c0, time.perf_counter() - t0
+    statuses = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
+    print(f"one worker's share: {len(rows)} points, {cpu:.2f} s CPU ({1000 * cpu / len(rows):.2f} ms a point), "
+          f"{wall:.2f} s wall; runs reused {memo.hits}, look-ups missed {memo.misses}, "
+          f"compiles shared {getattr(memo, 'compiles_saved', '-')}; {statuses}")
+    if prof is not None:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(45)
+        print(out.getvalue())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", type=int, default=10_000)
@@ -136,9 +167,14 @@ def main() -> None:
     ap.add_argument("--mode", choices=["local", "dask", "both"], default="both")
     ap.add_argument("--no-prefilter", dest="prefilter", action="store_false")
     ap.add_argument("--profile", type=int, default=0, help="instead: profile N points in one process")
+    ap.add_argument("--worker", action="store_true",
+                    help="instead: time one pool worker's share in this process (with --profile: profile it)")
     args = ap.parse_args()
     plan = build(args.points, args.hardware, args.workload)
     print(f"{len(plan.points)} points of {args.workload} on {args.hardware}; {os.cpu_count()} cores")
+    if args.worker:
+        worker_share(plan, args.workers, bool(args.profile))
+        return
     if args.profile:
         profile(plan, args.profile)
         return

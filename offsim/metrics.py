@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from offsim.cache_stats import CacheStats
 from offsim.config.run import RunConfig
 from offsim.plan.model import model_flop_per_iteration
-from offsim.trace import Recorder, Repeat, Span, copy_offsets
+from offsim.trace import Recorder, RecordLog, Repeat, Span, copy_offsets
 
 LINKS = ("h2d", "d2h", "nvme_read", "nvme_write")
 EXTRA_LINKS = ("gpu_link", "dram_copy", "pfs_read", "pfs_write")
@@ -175,13 +175,24 @@ class _Group:
 
 
 def _span_sums(rec: Recorder, steady: set[int], n: int) -> _SpanSums:
+    """The sums of :func:`_sum_spans`, kept with the spans until more are recorded
+    (:meth:`~offsim.trace.RecordLog.derived`): a run the sweep's memo hands out again
+    (:mod:`offsim.engine.reuse`) shares its records with the run that made them, so the sums are
+    worked out once for all of its points (issue 16; the caller only reads them)."""
+    key = f"metrics._span_sums {sorted(steady)} {n}"
+    sums = rec.spans.derived(key, lambda spans: _sum_spans(spans, steady, n))
+    assert isinstance(sums, _SpanSums)
+    return sums
+
+
+def _sum_spans(spans: RecordLog[Span], steady: set[int], n: int) -> _SpanSums:
     """Sum the spans of the ``steady`` iterations: the held spans of one iteration that share
     their copies (the steady-state shortcut's :class:`~offsim.trace.Repeat` s,
     :meth:`~offsim.trace.RecordLog.weighted`) are summed once, then counted for every copy."""
     out = _SpanSums()
     groups: dict[tuple[tuple[int, ...], int], _Group] = {}
     chains: dict[tuple[int, ...], tuple[Repeat, ...]] = {}
-    for s, chain in rec.spans.weighted():
+    for s, chain in spans.weighted():
         key = tuple(id(r) for r in chain)
         chains.setdefault(key, chain)
         group = groups.get((key, s.iteration))

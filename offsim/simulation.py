@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from offsim.cache_stats import cache_stats
 from offsim.config.run import RunConfig
+from offsim.engine import reuse
 from offsim.engine.execute import Executor, Machine
 from offsim.errors import InfeasibleError
 from offsim.fit_check import footprint_of, raise_if_over
@@ -61,7 +62,9 @@ class Composed:
         """This composition with its schedule compiled (itself when it already is)."""
         if self.schedule is not None:
             return self
-        return Composed(self.cfg, self.sz, self.system, compile_system(self.system))
+        memo = reuse.active()  # in a sweep: equal compositions share one compile
+        schedule = compile_system(self.system) if memo is None else memo.compiled(self.system, compile_system)
+        return Composed(self.cfg, self.sz, self.system, schedule)
 
 
 def compose_run(cfg: RunConfig) -> Composed:
@@ -133,7 +136,8 @@ def simulate_resolved(cfg: RunConfig, on_iteration: Callable[[int, int], None] |
     fp_dict = {"need": fp.need_bytes, "capacity": fp.capacity_bytes}
     try:
         raise_if_over(fp)
-        rec, peaks, events = run_schedule(cfg, sz, on_iteration, system=system, schedule=point.schedule)
+        schedule = point.compiled().schedule  # shared with an equal composition's in a sweep
+        rec, peaks, events = run_schedule(cfg, sz, on_iteration, system=system, schedule=schedule)
     except InfeasibleError as exc:
         metrics = RunMetrics(feasible=False, infeasible_reason=str(exc), infeasible_tier=exc.tier)
         return RunResult(cfg, metrics, footprint_bytes=fp_dict, wall_time_s=time.perf_counter() - t0)

@@ -10,7 +10,8 @@ are their runs. Inside :func:`reusing` (or after :func:`enable`, as a sweep's wo
 earlier run had the same, hands out that run's records, peaks and event count instead of running
 (issue 16): the metrics computed from them are the ones a run gives, to the last bit.
 
-What is compared, exactly (``==``): the schedule's body, streams, pools, caches and unit names;
+What is compared, exactly (``==``): the schedule's body, streams, pools, caches and unit names
+(its :attr:`~offsim.schedule.ops.Schedule.fingerprint`, hashed once per schedule);
 the machine's resource capacities, duplex efficiency, copy engines, ranks and nodes, and the GPU's
 memory (the prefetch policies read how much of it is free); the policies' types and attributes;
 the recorder's cache descriptions; the shortcut switch. The host, NVMe and PFS capacities are not
@@ -18,6 +19,9 @@ compared: they only decide whether a level overflows, so a run is handed out onl
 peaks fit, and is simulated (to fail the same way as ever) otherwise. A schedule with run-time
 choices, a policy of an unknown kind, a progress callback or a recorder with records in it is
 never reused. Only runs that finished are kept, those used last, within a budget of records.
+
+A memo also shares compiles (:meth:`RunMemo.compiled`): equal compositions compile to one
+schedule object, which the run look-up then finds by identity.
 """
 
 from __future__ import annotations
@@ -25,17 +29,21 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from offsim.schedule.ops import Fingerprint, Schedule
 from offsim.trace import CacheEvent, LevelSample, RecordLog, Span
 
 if TYPE_CHECKING:
     from offsim.engine.execute import Executor
+
+#: the inputs of a run (or of a compilation), with their hash worked out once
+_Key = Fingerprint
 
 #: the reported tiers whose capacity a run only checks levels against (the GPU's is an input)
 CHECKED_TIERS = ("host_pinned", "host", "nvme", "pfs")
@@ -46,6 +54,10 @@ CHECKED_TIERS = ("host_pinned", "host", "nvme", "pfs")
 #: reuses no run when each keeps 64 runs, 79% of the points when each keeps 128 and 84% from 256 on
 DEFAULT_BUDGET = 1_200_000
 
+#: compiled schedules a memo keeps, those used last (a 7B schedule is some 3,000 ops; the runs
+#: kept hold theirs anyway)
+SCHEDULES_KEPT = 256
+
 #: the memo of the block of :func:`reusing` the caller is in (per thread: contexts do not leak)
 _ACTIVE: ContextVar[RunMemo | None] = ContextVar("offsim_run_memo", default=None)
 #: the memo of a process given over to a sweep (:func:`enable`), where no block says otherwise
@@ -54,22 +66,6 @@ _PROCESS: RunMemo | None = None
 
 class _OpaqueError(Exception):
     """An input the memo cannot compare by value: the run is not reused."""
-
-
-class _Key:
-    """The inputs of a run, with their hash worked out once (the schedule is large)."""
-
-    __slots__ = ("hash", "parts")
-
-    def __init__(self, parts: tuple[Any, ...]) -> None:
-        self.parts = parts
-        self.hash = hash(parts)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Key) and self.hash == other.hash and self.parts == other.parts
 
 
 @dataclass
@@ -101,6 +97,8 @@ class RunMemo:
         self.held = 0
         self.hits = 0
         self.misses = 0
+        self.schedules: OrderedDict[_Key, Schedule] = OrderedDict()
+        self.compiles_saved = 0
         self._lock = threading.Lock()  # a Dask worker may run chunks in several threads
 
     def key(self, ex: Executor, steady_shortcut: bool) -> _Key | None:
@@ -111,14 +109,39 @@ class RunMemo:
         if rec.spans or rec.cache_events or rec.level_log or rec.iteration_starts_s or rec.phases:
             return None
         try:
-            parts = (steady_shortcut, s.body, s.streams, s.pools, s.unit_names,
-                     tuple(_value(c) for c in s.caches),
+            parts = (steady_shortcut, s.fingerprint,
                      tuple(m.capacity.items()), m.duplex_efficiency, m.copy_engines, m.ranks_per_node, m.nodes,
                      tuple((t, c) for t, c in m.memory_bytes.items() if t not in CHECKED_TIERS),
                      _value(ex.cache_policies), _value(rec.cache_info))
             return _Key(parts)
         except (_OpaqueError, TypeError):  # TypeError: something unhashable in the schedule
             return None
+
+    def compiled(self, system: object, compile_system: Callable[[Any], Schedule]) -> Schedule:
+        """``compile_system(system)``, or the schedule an equal composition compiled to (the
+        same object: its :attr:`~offsim.schedule.ops.Schedule.fingerprint` is then worked out
+        once and compared by identity). A composition is a value (its mechanisms are frozen
+        dataclasses that emit ops from their fields alone, :mod:`offsim.mechanisms.base`), so
+        compositions equal field by field compile to equal schedules; sweep points that differ
+        only in what no mechanism reads (the DRAM size, the NVMe drives of a strategy that never
+        touches NVMe...) share one compile (issue 16). One that holds anything else (a callback,
+        an object of an unknown kind) is compiled every time."""
+        try:
+            key = _Key((_value(system),))
+        except (_OpaqueError, TypeError):
+            return compile_system(system)
+        with self._lock:
+            schedule = self.schedules.get(key)
+            if schedule is not None:
+                self.schedules.move_to_end(key)
+                self.compiles_saved += 1
+                return schedule
+        schedule = compile_system(system)
+        with self._lock:
+            self.schedules[key] = schedule
+            while len(self.schedules) > SCHEDULES_KEPT:
+                self.schedules.popitem(last=False)
+        return schedule
 
     def restore(self, key: _Key, ex: Executor) -> bool:
         """Give ``ex`` the records of the run with inputs ``key`` if one is kept and its peaks
@@ -163,10 +186,17 @@ class RunMemo:
                 self.held -= self.runs.popitem(last=False)[1].weight
 
 
+#: modules of frozen dataclasses that hold only numbers, enums, strings, ops and each other
+_AS_THEY_HASH = ("offsim.schedule.ops", "offsim.mechanisms.")
+
+
 def _value(x: Any) -> Any:
     """``x`` as a hashable value that equals another's exactly when they are the same inputs:
-    plain values as they are, containers element by element (with their kind), dataclasses and
-    the policies of :mod:`offsim.policies` by type and attributes; raises :class:`_OpaqueError` for
+    plain values as they are, containers element by element (with their kind), the ops and the
+    mechanisms as they are where they hash (their own ``==`` compares their fields; a policy
+    object in a field would hash and compare by identity, so a dataclass that holds one, such as a
+    cache's policy, is taken field by field), other dataclasses and the
+    policies of :mod:`offsim.policies` by type and attributes; raises :class:`_OpaqueError` for
     anything else (a callback, an object of an unknown kind)."""
     if x is None or isinstance(x, bool | int | float | str | Enum):
         return x
@@ -178,11 +208,11 @@ def _value(x: Any) -> Any:
         return ("dict", *((_value(k), _value(v)) for k, v in x.items()))
     kind = type(x)
     if dataclasses.is_dataclass(x) and kind.__module__.startswith("offsim."):
-        if kind.__module__ == "offsim.schedule.ops":  # frozen: as it is where it hashes (blocks, ops)
-            try:
+        if kind.__module__.startswith(_AS_THEY_HASH):  # frozen numbers and ops: as they are where they hash
+            try:  # (compared by their generated __eq__, field by field)
                 hash(x)
                 return x
-            except TypeError:  # a field is a dict (a cache's units and programs)
+            except TypeError:  # a field is a dict (a cache's units and programs, a composition's mechanisms)
                 pass
         return (kind, *(_value(getattr(x, f.name)) for f in dataclasses.fields(x)))
     if kind.__module__.startswith("offsim.policies."):

@@ -49,8 +49,9 @@ the duplex loss, dependencies and stalls only add time.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from offsim.core.enums import CacheId, Res, StreamKind, TensorKind
@@ -334,10 +335,44 @@ def _iteration_periods(schedule: Schedule) -> dict[int, tuple[Block | Repeat, ..
     return out
 
 
+#: the terms of the schedules bounded last (:func:`iteration_work`), by their inputs
+_MEMO: OrderedDict[tuple[Hashable, ...], dict[str, float]] = OrderedDict()
+#: how many :data:`_MEMO` keeps (each holds its schedule: a 7B one is some 3,000 ops)
+MEMO_KEPT = 64
+_MEMO_LOCK = threading.Lock()  # a Dask worker may run points in several threads
+
+
 def iteration_work(schedule: Schedule, capacity: Mapping[str, float], copy_engines: int,
                    iterations: Sequence[int] | None = None) -> dict[str, float]:
     """Seconds per term of the least work one iteration puts there, averaged over ``iterations``
-    (None: every iteration after the first, or the first when there is one)."""
+    (None: every iteration after the first, or the first when there is one).
+
+    A pure function of its inputs: the terms of the last :data:`MEMO_KEPT` inputs are kept, the
+    schedule known by its :attr:`~offsim.schedule.ops.Schedule.fingerprint` (a schedule with
+    run-time choices, whose programs the fingerprint leaves out, is bounded every time). A
+    sweep's points that compile to one schedule on one machine (they differ in the DRAM size
+    alone, say) are bounded once (issue 16)."""
+    key = None if schedule.choices else (
+        schedule.fingerprint, tuple(sorted((str(k), float(v)) for k, v in capacity.items())), copy_engines,
+        None if iterations is None else tuple(iterations))
+    if key is not None:
+        with _MEMO_LOCK:
+            held = _MEMO.get(key)
+            if held is not None:
+                _MEMO.move_to_end(key)
+                return dict(held)
+    terms = _iteration_work(schedule, capacity, copy_engines, iterations)
+    if key is not None:
+        with _MEMO_LOCK:
+            _MEMO[key] = dict(terms)
+            while len(_MEMO) > MEMO_KEPT:
+                _MEMO.popitem(last=False)
+    return terms
+
+
+def _iteration_work(schedule: Schedule, capacity: Mapping[str, float], copy_engines: int,
+                    iterations: Sequence[int] | None) -> dict[str, float]:
+    """:func:`iteration_work`, worked out."""
     pricer = _Pricer(schedule, capacity, copy_engines)
     periods = _iteration_periods(schedule)
     if iterations is None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 from offsim.core.enums import (
     Activity,
@@ -388,6 +390,18 @@ class Schedule:
     unit_names: tuple[str, ...] = ()  # display names of the units (layers), by index
     choices: tuple[ChoiceSpec, ...] = ()
 
+    @cached_property
+    def fingerprint(self) -> Fingerprint:
+        """What the executor reads of this schedule apart from its run-time choices (the body,
+        streams, pools, caches and unit names), as one value hashed once: equal exactly when
+        those are equal (``==`` field by field; a cache's dicts compared item by item, in order).
+        Worked out on first use and kept (the schedule is frozen); the run memo
+        (:mod:`offsim.engine.reuse`) and the time bound's memo (:mod:`offsim.schedule.bound`) key
+        on it, so a schedule thousands of ops long is hashed once, not at every look-up (issue 16)."""
+        caches = tuple((c.id, c.tier, c.capacity_bytes, tuple(c.unit_bytes.items()), tuple(c.fetch.items()),
+                        tuple(c.evict.items()), c.persistent, c.writes_back) for c in self.caches)
+        return Fingerprint((self.body, self.streams, self.pools, self.unit_names, caches))
+
     def instances(self) -> Iterator[Instance]:
         """Every block execution in issue order."""
         yield from _walk(self.body, 0, -1)
@@ -406,6 +420,27 @@ class Schedule:
     def choice(self, choice_id: ChoiceId) -> ChoiceSpec | None:
         """The spec of one run-time decision, or None when the schedule takes none."""
         return next((c for c in self.choices if c.id == choice_id), None)
+
+
+class Fingerprint:
+    """A hashable value with its hash worked out once (:attr:`Schedule.fingerprint`): equal to
+    another when it is the same object, or when the hashes and then the values are equal."""
+
+    __slots__ = ("hash", "parts")
+
+    def __init__(self, parts: tuple[Any, ...]) -> None:
+        self.parts = parts
+        self.hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or (isinstance(other, Fingerprint) and self.hash == other.hash
+                                 and self.parts == other.parts)
+
+    def __reduce__(self) -> tuple[type[Fingerprint], tuple[tuple[Any, ...]]]:
+        return Fingerprint, (self.parts,)  # hashed again where unpickled (strings hash per process)
 
 
 def _walk(items: tuple[Block | Repeat, ...], iteration: int, micro_batch: int) -> Iterator[Instance]:

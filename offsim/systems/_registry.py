@@ -77,11 +77,41 @@ def measure_window(system: System) -> MeasureWindow:
     return window
 
 
+#: per (system, strategy name), the measurement window its composition declared last
+_WINDOWS: dict[tuple[str, str], MeasureWindow] = {}
+#: strategies whose windows :data:`_WINDOWS` keeps (a sweep names a few)
+WINDOWS_KEPT = 64
+
+
 def compose_measured(cfg: RunConfig, sz: StateSizes | None = None) -> tuple[RunConfig, System]:
     """``cfg`` fitted to its system's measurement window (:func:`offsim.config.run.fit_window`:
-    iterations raised, with a note, where the system needs more), and the system composed for it."""
+    iterations raised, with a note, where the system needs more), and the system composed for it.
+
+    Composed once where the strategy's window is known from an earlier call (a sweep's points,
+    issue 16): ``cfg`` is fitted to that window first and composed, and the fit stands when the
+    composition declares the same window. A window depends on the strategy's knobs (the delayed
+    parameter update, ZenFlow's update interval), not on the iteration counts the fit sets, so
+    the composition for ``cfg`` would have declared it too. Otherwise (no window known, or
+    another one declared) ``cfg`` is composed, fitted, and composed again if the fit changed it."""
+    name = (cfg.strategy.system, cfg.strategy.name)
+    known = _WINDOWS.get(name)
+    if known is not None:
+        fitted = fit_window(cfg, known)
+        system = compose(fitted, sz)
+        if measure_window(system) == known:
+            return fitted, system
+    return _compose_fitted(cfg, sz, name)
+
+
+def _compose_fitted(cfg: RunConfig, sz: StateSizes | None, name: tuple[str, str]) -> tuple[RunConfig, System]:
+    """:func:`compose_measured` without a known window: compose, fit, compose again if fitted;
+    the window is kept for the strategy's next call."""
     system = compose(cfg, sz)
-    fitted = fit_window(cfg, measure_window(system))
+    window = measure_window(system)
+    if len(_WINDOWS) >= WINDOWS_KEPT:
+        _WINDOWS.clear()
+    _WINDOWS[name] = window
+    fitted = fit_window(cfg, window)
     return (cfg, system) if fitted is cfg else (fitted, compose(fitted, sz))
 
 
