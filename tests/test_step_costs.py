@@ -81,3 +81,32 @@ def test_delayed_update_wait_for_the_previous_step_is_a_stall(tiny_profile, tiny
                        and x.resource != "gpu_stall")
         assert (s.start_s, s.end_s) == (pytest.approx(backward_end[s.iteration]), pytest.approx(step_end))
         assert s.end_s > s.start_s  # the step (about 6 s) is longer than an iteration's 2.25 s of compute
+
+
+def test_pipelined_write_waits_for_the_previous_write(tiny_profile, tiny_workload) -> None:
+    """``pipeline_read``/``pipeline_write`` (pipelined_optimizer_swapper.py
+    ``swap_out_optimizer_state``): sub-group i's async write is completed
+    (``_complete_swap_out(ASYNC_SWAP_OUT)``) when sub-group i+1's swap-out begins, so at most one
+    write is in flight and the step's thread waits for it.
+
+    tiny with a fast NVMe (read 16 GB/s, write 4 GB/s), parameters on the CPU, three sub-groups of
+    5e8: read 16 B x 5e8 = 8 GB, write 12 B x 5e8 = 6 GB. From the first read's start t0: read 0
+    [0, 0.5]; read 1 (pipelined) [0.5, 1.0]; sub-group 0's unscale (4 GB at the 84 GB/s of DRAM the
+    read leaves) [0.5, 0.5476], Adam 0.5 s, cast 3 GB at 100 GB/s, to 1.0776; write 0 and read 2
+    then share the array, each at r with r/4 + r/16 = 1, r = 3.2 GB/s: write 0 ends at
+    1.0776 + 6/3.2 = 2.9526, when read 2 has 2 GB left. Sub-group 1's cast ends at 1.6524, but its
+    write starts only at 2.9526 (it would start at 1.6524 without the wait); shared with read 2 it
+    moves 2 GB by 3.5776, then alone 4 GB at 4 GB/s: ends 4.5776. Sub-group 2 (read done at
+    3.5776) is cast by 4.15; its write waits until 4.5776 and ends 1.5 s later, 6.0776."""
+    p = tiny_profile.model_copy(update={"nvme": tiny_profile.nvme.model_copy(
+        update={"read_gb_per_s": 16.0, "write_gb_per_s": 4.0})})
+    st = strategy(zero_stage=3, prefetch_depth=0, optimizer_device="cpu", sub_group_params=5e8,
+                  optimizer_swap_pipeline=True,
+                  placement={"params": "cpu", "grads": "nvme", "optimizer_states": "nvme", "activations": "gpu"})
+    rec = _run(p, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
+    io = sorted((s for s in rec.spans if s.phase == "optimizer" and s.resource.startswith("nvme")),
+                key=lambda s: s.start_s)
+    t0 = io[0].start_s
+    writes = [(round(s.start_s - t0, 4), round(s.end_s - t0, 4)) for s in io if s.resource == "nvme_write"]
+    assert writes == [(1.0776, 2.9526), (2.9526, 4.5776), (4.5776, 6.0776)]
+    assert rec.end_s == pytest.approx(t0 + 6.0776, abs=1e-4)

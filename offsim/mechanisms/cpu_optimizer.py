@@ -308,6 +308,11 @@ class CpuOptimizer:
             if self.pipeline and k + 1 < len(order):
                 reading = self._read(b, order[k + 1], first, after=[got])
             adam = self._step_group(b, g)
+            if self.pipeline and writes and self.groups[g].swap_out is not None and self.dram_cache is None:
+                # pipelined_optimizer_swapper.py swap_out_optimizer_state: the previous sub-group's
+                # async write completes (_complete_swap_out(ASYNC_SWAP_OUT)) before this one starts
+                adam = b.add(Join(), self._t(Activity.OPT_SWAP_OUT, g, "waits for the previous sub-group's write"),
+                             STEP, after=[writes[-1]])
             write = self._write(b, g, first, after=[adam])
             if self.pipeline:
                 writes.append(write)
