@@ -267,6 +267,16 @@ class Strategy(Frozen):
                     "aio handle new_cpu_locked_tensor, posix_memalign + mlock of the exact size, not registered "
                     "with CUDA, so copies between them and the GPU run at the pageable rate",
     )
+    gpu_adam: Literal["fused", "torch"] = Field(
+        default="fused",
+        description="the Adam that updates optimizer state held on the GPU: fused, DeepSpeed's FusedAdam "
+                    "(the ds_config's optimizer section; csrc/adam multi_tensor_adam.cu updates in place, no "
+                    "temporaries); torch, a client torch.optim.Adam/AdamW (e.g. the Hugging Face Trainer's "
+                    "adamw_torch when the ds_config has no optimizer section): torch/optim/adamw.py "
+                    "_multi_tensor_adamw makes exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs), one fp32 "
+                    "temporary the size of the tensors it updates (ZeRO-3: one sub-group's flat fp32 partition); "
+                    "the single-tensor path's denom is the same size (offsim.plan.footprint.gpu_step_transient_bytes)",
+    )
     gpudirect_storage: bool = Field(
         default=False,
         description="activations bound for NVMe move GPU <-> SSD directly (NVIDIA GPUDirect Storage, "
