@@ -95,6 +95,7 @@ class Cache:
         self._next = next_positions(self.sequence)
         self.resident: dict[int, _Resident] = {}
         self.pins: Counter[int] = Counter()
+        self._pinned: set[int] = set()  # the tensors whose pin count is above 0 (kept with ``pins``)
         self.used_bytes = 0.0
         self.counters = CacheCounters()
         self.keep_served = keep_served
@@ -104,7 +105,7 @@ class Cache:
         """The read-only snapshot a policy decides on."""
         entries = {t: Entry(r.size_bytes, r.inserted_at, r.last_use, r.uses, self._next[r.last_use])
                    for t, r in self.resident.items()}
-        pinned = frozenset(t for t, n in self.pins.items() if n > 0)
+        pinned = frozenset(self._pinned)  # issue 16: not a walk of every tensor ever pinned
         return MemoryView(self.name, position, self.capacity_bytes, self.used_bytes,
                           MappingProxyType(entries), pinned, self.sequence, MappingProxyType(self.sizes))
 
@@ -133,7 +134,7 @@ class Cache:
         size = self.sizes[t]
         victims: tuple[int, ...] = ()
         if not self.cacheable(t):
-            self.pins[t] += 1
+            self._pin(t)
             return self._record(Served(position, t, False), size, insert=False)
         if not self._fits(size):
             chosen = self._make_room(position, size, due)
@@ -148,7 +149,7 @@ class Cache:
     def _record(self, served: Served, fetched: float = 0.0, insert: bool = True) -> Served:
         c = self.counters
         if insert:
-            self.pins[served.tensor] += 1
+            self._pin(served.tensor)
         if served.hit:
             c.hits += 1
         else:
@@ -211,6 +212,13 @@ class Cache:
         t = self.sequence[position]
         if self.pins[t] > 0:
             self.pins[t] -= 1
+            if not self.pins[t]:
+                self._pinned.discard(t)
+
+    def _pin(self, tensor: int) -> None:
+        """One more issued access needs ``tensor``."""
+        self.pins[tensor] += 1
+        self._pinned.add(tensor)
 
     def releases(self, position: int) -> list[int]:
         """Ask the policy what to drop after the access at ``position``; drop it."""
@@ -234,6 +242,7 @@ class Cache:
             r = self.resident.pop(t)
             self.used_bytes -= r.size_bytes
         self.pins.clear()
+        self._pinned.clear()
         return out
 
 

@@ -52,12 +52,12 @@ class Cursor:
     def __next__(self) -> Op:
         block = self.block
         if block is None or self.op_index >= len(block.ops):
-            block = self._next_block()
+            block = self.next_block()
         op = block.ops[self.op_index]
         self.op_index += 1
         return op
 
-    def _next_block(self) -> Block:
+    def next_block(self) -> Block:
         """Enter the next block instance that has ops (StopIteration at the body's end)."""
         frames = self.frames
         while frames:

@@ -122,24 +122,28 @@ class _OpInfo:
                  "usage")
 
     def __init__(self, ex: Executor, op: Op) -> None:
-        body, stream = op.body, op.stream
+        body, tag = op.body, op.tag
         kind = type(body)
         self.op = op
-        self.phase = str(op.tag.phase)
-        self.main = stream is not None and stream == ex.main
-        self.queue = ex.queues.get(stream) if stream is not None else None
-        self.ordered = stream is not None and self.queue is None
-        self.access = isinstance(body, Access)
-        start = ex._starters.get(kind)
-        if start is None:  # a hook, or a subclass of a body the executor starts
-            start = next((f for t, f in ex._starters.items() if isinstance(body, t)), ex._hook)
-        self.start: Callable[[Node], None] = start
-        flow = isinstance(body, Flow)
-        self.name = ex._what_op(op) if flow or isinstance(body, Delay) else ""  # others: :meth:`Executor._what`
-        self.usage = {str(r): c for r, c in body.usage} if flow else None  # type: ignore[union-attr]
         self.after = op.after
-        self.activity = str(op.tag.activity)
-        self.links = tuple(str(link) for link in body.links) if flow else ()  # type: ignore[union-attr]
+        self.phase = ex._str(tag.phase)
+        self.main, self.queue, self.ordered = ex._stream_roles(op.stream)
+        self.access = kind is Access or isinstance(body, Access)
+        start = ex._starters.get(kind)
+        if start is None:  # a hook, or a subclass of a body the executor starts (then kept for its type)
+            start = ex._starters[kind] = next((f for t, f in ex._starters.items() if isinstance(body, t)), ex._hook)
+        self.start: Callable[[Node], None] = start
+        flow = start is ex._starters[Flow]  # (the bound methods the table holds)
+        if flow or start is ex._starters[Delay]:
+            self.name = ex._what_op(op)
+            self.activity = ex._str(tag.activity)
+        else:  # not recorded as a span (:meth:`Executor._what` names them)
+            self.name = self.activity = ""
+        if flow:
+            self.usage: dict[str, float] | None = {str(r): c for r, c in body.usage}  # type: ignore[union-attr]
+            self.links: tuple[str, ...] = tuple(map(str, body.links))  # type: ignore[union-attr]
+        else:
+            self.usage, self.links = None, ()
 
 
 class Executor:
@@ -184,6 +188,25 @@ class Executor:
             Delay: self._start_delay, Flow: self._start_flow, Alloc: self._start_alloc, Free: self._start_free,
             Acquire: self._start_acquire, Release: self._start_release, Join: self._finish, Choose: self._choose}
         self._infos: dict[int, _OpInfo] = {}  # per template op (by id; the info keeps the op alive)
+        self._strs: dict[object, str] = {}
+        self._roles: dict[str | None, tuple[bool, Slots | None, bool]] = {}
+
+    def _str(self, value: object) -> str:
+        """``str(value)`` of an enum member, kept once made (for :class:`_OpInfo`)."""
+        text = self._strs.get(value)
+        if text is None:
+            text = self._strs[value] = str(value)
+        return text
+
+    def _stream_roles(self, stream: str | None) -> tuple[bool, Slots | None, bool]:
+        """An op's stream's roles: it records stalls (main), its slot if it runs out of order,
+        it is in order (for :class:`_OpInfo`; worked out once per stream)."""
+        roles = self._roles.get(stream)
+        if roles is None:
+            queue = self.queues.get(stream) if stream is not None else None
+            roles = self._roles[stream] = (stream is not None and stream == self.main, queue,
+                                           stream is not None and queue is None)
+        return roles
 
     def _info(self, op: Op) -> _OpInfo:
         """The op's :class:`_OpInfo` (worked out on its first instance)."""
@@ -222,12 +245,15 @@ class Executor:
         the shortcut look at each repetition begun."""
         cursor, env = self.cursor, self.env
         queue = env._queue  # the shortcut moves its events in place
+        events = self.events  # counted here, and in ``self.events`` where the shortcut reads and moves it
         while True:
             if cursor.crossed:
                 frames, cursor.crossed = cursor.crossed, []
                 if steady is not None:
+                    self.events = events
                     for frame in frames:
                         steady.at_boundary(frame)
+                    events = self.events
             if not queue:
                 break
             env._now, _, _, event = heappop(queue)
@@ -235,10 +261,12 @@ class Executor:
             for callback in callbacks:
                 callback(event)
             if not event._ok and not hasattr(event, "_defused"):
+                self.events = events
                 exc = type(event._value)(*event._value.args)
                 exc.__cause__ = event._value
                 raise exc
-            self.events += 1
+            events += 1
+        self.events = events
 
     def _walk_accesses(self) -> None:
         """Give each cache its access sequences (for policies that read ahead), and count the
@@ -261,17 +289,27 @@ class Executor:
         """Issue ops in program order up to the next op of the main stream that has not finished:
         the main stream is the program counter (what follows it is issued when it is done)."""
         cursor, infos = self.cursor, self._infos
-        for op in cursor:
-            micro_batch = cursor.micro_batch
-            info = infos.get(id(op)) or self._info(op)
-            node = Node(op, cursor.iteration, micro_batch, info.phase, info)
-            nodes = cursor.nodes
-            nodes.append(node)
-            after = info.after
-            self._issue(node, [nodes[a] for a in after] if after else [], micro_batch)
-            if info.main and not node.finished:
-                node.waiters.append(self._advance)
-                return
+        while True:  # ``for op in cursor``, a block at a time (issue 16: no call per op)
+            block = cursor.block
+            if block is None or cursor.op_index >= len(block.ops):
+                try:
+                    block = cursor.next_block()
+                except StopIteration:
+                    return
+            ops, index = block.ops, cursor.op_index
+            iteration, micro_batch, nodes = cursor.iteration, cursor.micro_batch, cursor.nodes
+            while index < len(ops):
+                op = ops[index]
+                index += 1
+                cursor.op_index = index
+                info = infos.get(id(op)) or self._info(op)
+                node = Node(op, iteration, micro_batch, info.phase, info)
+                nodes.append(node)
+                after = info.after
+                self._issue(node, [nodes[a] for a in after] if after else [], micro_batch)
+                if info.main and not node.finished:
+                    node.waiters.append(self._advance)
+                    return
 
     def _issue(self, node: Node, deps: list[Node], micro_batch: int,
                stream_last: dict[str, Node] | None = None) -> None:
@@ -297,7 +335,16 @@ class Executor:
         if info.access:
             self.caches[op.body.cache].on_issue(node)  # type: ignore[union-attr]
         node.head_s = self.env._now
-        self._wait_all(node, deps, self._start if info.queue is None else self._enqueue)
+        # :meth:`_wait_all`, inlined (issue 16: once per op instance)
+        then = node.then = self._start if info.queue is None else self._enqueue
+        pending = 0
+        for d in dict.fromkeys(deps) if len(deps) > 1 else deps:
+            if not d.finished:
+                d.waiters.append(node)
+                pending += 1
+        node.pending = pending
+        if not pending:
+            then(node)
 
     def _enqueue(self, node: Node) -> None:
         """Wait for the turn of the op's out-of-order stream, then start (the slot is held until
