@@ -454,6 +454,34 @@ def overflow_check_bytes(cfg: RunConfig, sz: StateSizes) -> float:
     return sum(param_partitions(cfg, sz)) * (DTYPE_BYTES[pr.grads] + 1.0)
 
 
+def gpu_step_transient_bytes(cfg: RunConfig, sz: StateSizes) -> float:
+    """GPU bytes the optimizer step holds besides the state, per rank, when the optimizer state
+    is on the GPU (0 otherwise): the larger of its two moments.
+
+    * ZeRO-3 casts each sub-group's gradients (stage3.py ``_prepare_fp32_grad_for_sub_group``:
+      ``flatten(averaged_gradients).to(fp32)``, the 16-bit flat copy and the fp32 gradient alive
+      together), a sub-group being at most ``sub_group_size`` elements of the rank's partition;
+    * then Adam runs on that sub-group with its fp32 gradient alive. ``strategy.gpu_adam``
+      ``torch`` (torch/optim/adamw.py ``_multi_tensor_adamw``: ``exp_avg_sq_sqrt =
+      torch._foreach_sqrt(device_exp_avg_sqs)``, a new tensor per updated tensor; the
+      single-tensor path's ``denom`` likewise) adds one temporary of the second moment's size;
+      DeepSpeed's FusedAdam (csrc/adam ``multi_tensor_adam.cu``) updates in place.
+
+    Below ZeRO-3 the partition is one flat fp32 tensor per parameter group
+    (stage_1_and_2.py ``single_partition_of_fp32_groups``) whose gradient is part of the
+    steady state, so only torch's temporary is counted, over the rank's whole partition."""
+    st, pr = cfg.strategy, cfg.workload.precision
+    if st.optimizer_device != "gpu" or st.placement.optimizer_states != "gpu":
+        return 0.0
+    sqrt_bpp = DTYPE_BYTES[pr.optimizer_moments] if st.gpu_adam == "torch" else 0.0
+    if st.zero_stage != 3:
+        return sz.local_params * sqrt_bpp
+    group = min(float(st.sub_group_params), sz.local_params)
+    fp32_grad = DTYPE_BYTES[pr.optimizer_grads]
+    cast = group * (DTYPE_BYTES[pr.grads] + fp32_grad)
+    return max(cast, group * (fp32_grad + sqrt_bpp))
+
+
 def home_param_bytes(cfg: RunConfig, sz: StateSizes) -> float:
     """Bytes of the 16-bit parameters in their home tier, per rank. Pinned host parameters are
     rounded per layer by a caching allocator, except on DeepSpeed's ZeRO-3 path, which pins one
