@@ -5,8 +5,10 @@ estimator lines by their placement, but DeepSpeed's estimator does not speak for
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import yaml
 from typer.testing import CliRunner
 
 from offsim import make_run_config
@@ -16,6 +18,7 @@ from offsim.config.strategy import known_systems
 from offsim.plan.ds_estimator import estimator_table, matching_row
 
 runner = CliRunner()
+DATA = Path(__file__).parent / "data" / "user_configs"
 
 
 def _fit_json(strategies: str) -> dict[str, Any]:
@@ -55,3 +58,22 @@ def test_no_estimator_table_without_a_deepspeed_strategy() -> None:
     assert "DeepSpeed's estimator" in with_ds.output
     lines = [ln for ln in with_ds.output.splitlines() if "GPU offsim" in ln]
     assert len(lines) == 1 and lines[0].startswith("zero-infinity-cpu")
+
+
+def test_a_file_naming_no_system_is_deepspeeds_only_when_it_is_a_ds_config(tmp_path: Path) -> None:
+    """A ZeRO-3 ds_config without offload and an Accelerate FSDP config without offload both map
+    to ``custom`` at stage 3 with everything on the GPU, matching the estimator's ZeRO-3 line
+    without offload; only the ds_config is DeepSpeed's."""
+    ds = tmp_path / "ds_zero3.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"},
+                              "zero_optimization": {"stage": 3}}))
+    fsdp = yaml.safe_load((DATA / "accelerate_fsdp2_offload.yaml").read_text())
+    fsdp["fsdp_config"]["fsdp_offload_params"] = False
+    acc = tmp_path / "accelerate_fsdp.yaml"
+    acc.write_text(yaml.safe_dump(fsdp))
+    assert make_run_config("tiny", "tiny", str(ds)).strategy.system == "custom"
+    assert make_run_config("tiny", "tiny", str(acc)).strategy.system == "custom"
+    assert matching_row(make_run_config("tiny", "tiny", str(acc)), estimator_table(1e9, 1e8, 1, 1)) is not None
+    rows = {r["strategy"]: r for r in _fit_json(f"{ds},{acc}")["strategies"]}
+    assert rows[str(ds)]["deepspeed"]["options"].startswith("ZeRO-3 offload_param=none, offload_optimizer=none")
+    assert rows[str(acc)]["deepspeed"] is None

@@ -8,9 +8,9 @@ the profile's capacity. Those that fit are simulated (:func:`offsim.simulate`, t
 iterations as ``offsim run``) and listed fastest first; those that do not fit are not simulated
 and follow with the tier, the need and the capacity (where the simulation itself overflowed, the
 engine's level). Under them, DeepSpeed's own estimator table for the same model
-(:mod:`offsim.plan.ds_estimator`) and, per strategy on DeepSpeed's system
-(:data:`DEEPSPEED_SYSTEMS`) that maps onto one of its lines, where offsim's figure differs and
-why: the estimator counts model states only. Without such a strategy there is no table.
+(:mod:`offsim.plan.ds_estimator`) and, per strategy that runs on DeepSpeed (:func:`on_deepspeed`)
+and maps onto one of its lines, where offsim's figure differs and why: the estimator counts model
+states only. Without such a strategy there is no table.
 
 ``-o FILE`` writes the strategies as CSV (:func:`fit_table`); nothing is written otherwise. Exit
 status (:mod:`offsim.commands._common`): 0 when at least one strategy fits, 1 when none does, 2 on
@@ -53,13 +53,13 @@ MODEL_STATES = ("params (16-bit)", "grads (16-bit)", "grads (optimizer format)",
 #: model states DeepSpeed's estimator speaks for. zero-offload (zero/stage_1_and_2.py),
 #: zero-infinity (zero/stage3.py), twin-flow (``offload_optimizer.ratio``), superoffload
 #: (zero/superoffload_stage3.py), zenflow (runtime/zenflow/), deep-optimizer-states and
-#: mlp-offload (DataStates' DeepSpeed forks), memascend (DeepSpeed ZeRO-3 with its host-memory
-#: fixes), and custom: a file that names no system, read with ZeRO's knobs at DeepSpeed's defaults
-#: (a ds_config without offload maps to it, :func:`offsim.config.ds_config.deepspeed_system`).
-#: FSDP2, Megatron-Core, Colossal-AI Gemini and the research systems with their own runtimes
-#: (Fuyou, Harmony, GreedySnake, LSP-Offload, ProTrain, TBA, the virtual-memory baseline) are not.
+#: mlp-offload (DataStates' DeepSpeed forks) and memascend (DeepSpeed ZeRO-3 with its host-memory
+#: fixes). FSDP2, Megatron-Core, Colossal-AI Gemini and the research systems with their own
+#: runtimes (Fuyou, Harmony, GreedySnake, LSP-Offload, ProTrain, TBA, the virtual-memory baseline)
+#: are not; ``custom`` (a file that names no system) is DeepSpeed's only when the file is one of
+#: DeepSpeed's (:func:`on_deepspeed`).
 DEEPSPEED_SYSTEMS = frozenset({"zero-offload", "zero-infinity", "twin-flow", "superoffload", "zenflow",
-                               "deep-optimizer-states", "mlp-offload", "memascend", "custom"})
+                               "deep-optimizer-states", "mlp-offload", "memascend"})
 
 StrategiesOpt = Annotated[list[str] | None, typer.Option(
     "--strategy", "-s", help="strategy name or YAML path; repeat or comma-separate (default: every shipped one)")]
@@ -339,12 +339,12 @@ def fit_report(hw: Any, wl: Any, found: list[Assessment]) -> dict[str, Any]:
     """The whole answer as a JSON-ready dict: the pairing, the model's total and active
     parameters, the rows in the given order (each on DeepSpeed's system with the DeepSpeed line it
     maps onto, the others null) and DeepSpeed's estimator table (null when no strategy on
-    DeepSpeed's system, :data:`DEEPSPEED_SYSTEMS`, could run here)."""
+    DeepSpeed, :func:`on_deepspeed`, could run here)."""
     from offsim.plan.ds_estimator import BUFFER_FACTOR, estimator_setup, matching_row
 
     estimator: dict[str, Any] | None = None
     for a in found:
-        if a.cfg is None or a.fp is None or a.cfg.strategy.system not in DEEPSPEED_SYSTEMS:
+        if a.cfg is None or a.fp is None or not on_deepspeed(a.cfg.strategy.system, a.row["strategy"]):
             continue  # its row keeps "deepspeed": None
         setup = estimator_setup(a.cfg)
         table = setup.table()
@@ -358,6 +358,26 @@ def fit_report(hw: Any, wl: Any, found: list[Assessment]) -> dict[str, Any]:
     return {"hardware": hw.name, "workload": wl.name, "params_total": wl.model.total_params,
             "params_active": wl.model.active_params, "fits_any": any(r["fits"] for r in rows),
             "strategies": rows, "deepspeed_estimator": estimator}
+
+
+def on_deepspeed(system: str, strategy: str) -> bool:
+    """Whether the strategy ``strategy`` (as given: a name or a file) runs on DeepSpeed: its
+    system is one of :data:`DEEPSPEED_SYSTEMS`, or it names none (``custom``) and its file is a
+    ds_config or an Accelerate config with the DeepSpeed plugin (a ds_config without offload maps
+    to ``custom``, :func:`offsim.config.ds_config.deepspeed_system`; an Accelerate FSDP or a
+    Megatron file without offload does too, and is not DeepSpeed's)."""
+    if system != "custom":
+        return system in DEEPSPEED_SYSTEMS
+    from offsim.config.loading import read_yaml, resolve_path, strategy_format
+    from offsim.errors import OffsimError
+
+    try:
+        data = read_yaml(resolve_path("strategy", strategy))
+    except OffsimError:
+        return False
+    fmt = strategy_format(data)
+    return fmt == "ds_config" or (fmt == "accelerate" and (data.get("distributed_type") == "DEEPSPEED"
+                                                           or "deepspeed_config" in data))
 
 
 def compare_with_estimator(fp: Any, row: Any) -> dict[str, Any]:
