@@ -220,7 +220,7 @@ def test_dist_opt_ratio_below_one_or_beside_a_hand_set_share_is_refused() -> Non
     "model was not readable here: only the paper's abstract is stored. What runs is the artifact's rule "
     "(system_options dist_opt_ratio: sub-group i on the PFS iff i % r == 0, DataStates/DeepSpeed "
     "dist_nvme_opt stage3.py _get_opt_swapper_id) with r set by hand (3 in the artifact's "
-    "scripts/launch-expt.sh), or the hand-set pfs_share (0.33 in strategies/mlp-offload.yaml); how the "
+    "scripts/launch-expt.sh, which the shipped strategies/mlp-offload.yaml sets), or a hand-set pfs_share; how the "
     "paper's model would choose the share from the tiers' rates is missing"))
 def test_mlp_offload_offers_its_papers_io_model_for_the_pfs_share() -> None:
     """Once the model is read, ``mlp_offload`` offers it as a system option beside the hand-set
