@@ -175,3 +175,30 @@ class PerfModelSplit:
         params = (self.n_groups - n_gpu) * self.group_params
         if params > 0 and stream_s > 0:
             self.rates = replace(self.rates, cpu_params_per_s=params / stream_s)
+
+
+def gap_gpu_groups(n_groups: int, gap: int) -> int:
+    """Sub-groups the Deep Optimizer States artifact's fork updates on the GPU with
+    ``prefetch_optimizer_gap`` ``gap`` (DataStates/DeepSpeed stage3.py ``get_opt_update_device``:
+    sub-group x is CPU-with-prefetch iff x % gap == 0, else GPU-only iff (x + 1) % gap == 0, else
+    CPU-only), for gap >= 2: the x < n_groups with (x + 1) % gap == 0, n_groups // gap of them."""
+    return sum(1 for x in range(n_groups) if x % gap != 0 and (x + 1) % gap == 0)
+
+
+@dataclass
+class GapSplit:
+    """The artifact fork's fixed split (:func:`gap_gpu_groups`), the same every step, with one
+    GPU sub-group in flight: the fork prefetches the next GPU-only sub-group's state into one set
+    of GPU tensors (``prefetch_optimizer_gpu_fp32_params``, ``..._momentum``, ``..._variance``)
+    while it updates a CPU-with-prefetch one, and waits for that copy before the GPU update."""
+
+    n_groups: int
+    gap: int
+
+    def choose(self, iteration: int, gpu_free_bytes: float) -> Hashable:
+        """(sub-groups on the GPU, buffers): fixed by the gap."""
+        n = gap_gpu_groups(self.n_groups, self.gap)
+        return (n, min(1, n))
+
+    def observe(self, option: Hashable, stream_s: float) -> None:
+        """Nothing: the fork's rule does not look at rates."""

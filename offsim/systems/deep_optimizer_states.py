@@ -15,16 +15,34 @@ the paper's baseline).
 
 from __future__ import annotations
 
+from pydantic import Field
+
+from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
 from offsim.core.enums import ChoiceId
 from offsim.engine.hooks import ChoicePolicy
 from offsim.mechanisms.cpu_optimizer import GpuSplit, StreamedGroup
 from offsim.plan.footprint import StateSizes
-from offsim.plan.optimizer_split import PerfModelSplit, SplitBytes, SplitRates
+from offsim.plan.optimizer_split import GapSplit, PerfModelSplit, SplitBytes, SplitRates
 from offsim.systems._compile import System
+from offsim.systems._options import read_options
 from offsim.systems._parts import Ctx, Variants, build_ctx, gpu_adam_bpp, optimizer_dram_bpp, standard, subgroups, whole
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_split"})
+
+
+
+class Options(Frozen):
+    """Deep Optimizer States' own knobs (the artifact's DeepSpeed fork, DataStates/DeepSpeed)."""
+
+    #: ``prefetch_optimizer_gap``: the fork's fixed rule instead of the paper's performance model
+    #: (stage3.py ``get_opt_update_device``: sub-group x on the GPU iff x % gap != 0 and
+    #: (x + 1) % gap == 0; :func:`offsim.plan.optimizer_split.gap_gpu_groups`); the artifact's
+    #: sample logs ran gap 2 (``...-opt_gaps2.log``). offsim spreads those sub-groups evenly
+    #: through the order (:func:`~offsim.plan.optimizer_split.interleave`), one position earlier
+    #: than the fork. None: the performance model.
+    prefetch_optimizer_gap: int | None = Field(None, ge=2)
+
 
 NOTE = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen when each step starts, from the "
         "previous step's CPU rate and the GPU memory free then (Deep Optimizer States); the program shown is the "
@@ -43,6 +61,9 @@ def choice_policies(cfg: RunConfig, sz: StateSizes) -> dict[ChoiceId, ChoicePoli
     """The split's run-time policy (none when the split is off)."""
     if cfg.strategy.optimizer_split != "perf-model":
         return {}
+    gap = read_options(cfg.strategy, Options).prefetch_optimizer_gap
+    if gap is not None:
+        return {ChoiceId.OPTIMIZER_SPLIT: GapSplit(len(subgroups(build_ctx(cfg, sz))), gap)}
     return {ChoiceId.OPTIMIZER_SPLIT: split_policy(cfg, sz)}
 
 

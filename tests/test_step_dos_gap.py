@@ -1,0 +1,53 @@
+"""Deep Optimizer States as its artifact's fork runs it: a fixed split by ``prefetch_optimizer_gap``
+(DataStates/DeepSpeed stage3.py ``get_opt_update_device``: sub-group x is CPU-with-prefetch iff
+x % gap == 0, else GPU-only iff (x + 1) % gap == 0, else CPU-only), one GPU sub-group in flight.
+The artifact's sample logs ran gap 2 (``...-prefetch1-flush_async1-opt_gaps2.log``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from offsim import load_strategy, make_run_config, simulate
+from offsim.errors import ConfigError
+from offsim.plan.optimizer_split import GapSplit, gap_gpu_groups
+from offsim.systems.deep_optimizer_states import choice_policies
+from offsim.validation import case_config, default_cases_path, load_cases
+
+
+def test_gap_counts_by_hand() -> None:
+    """gap 2 over 7: x = 1, 3, 5 -> 3; gap 3 over 10: x = 2, 5, 8 -> 3; gap 2 over dos-7b's
+    595 sub-groups of 1e7: 297."""
+    assert gap_gpu_groups(7, 2) == 3
+    assert gap_gpu_groups(10, 3) == 3
+    assert gap_gpu_groups(595, 2) == 297
+
+
+def test_gap_split_is_fixed_with_one_buffer() -> None:
+    split = GapSplit(595, 2)
+    assert split.choose(0, 80e9) == (297, 1)
+    split.observe((297, 1), 1.0)
+    assert split.choose(5, 0.0) == (297, 1)  # neither rates nor free memory move it
+
+
+def _dos_case(gap: int | None):
+    case = {c.id: c for c in load_cases(default_cases_path())}["dos-7b-deep-optimizer-states"]
+    options = {} if gap is None else {"prefetch_optimizer_gap": gap}
+    return case_config(case.model_copy(update={"overrides": {**case.overrides, "strategy.system_options": options}}))
+
+
+def test_the_fork_updates_every_second_sub_group_on_the_gpu() -> None:
+    """dos-7b (595 sub-groups of 1e7 on a100-80gb-pcie4) with gap 2: 297 GPU Adam updates and
+    298 CPU Adam updates per step."""
+    r = simulate(_dos_case(2))
+    last = max(s.iteration for s in r.recorder.spans)
+    step = [s for s in r.recorder.spans if s.iteration == last and s.phase == "optimizer"]
+    assert sum(s.name.startswith("GPU Adam") for s in step) == 297
+    assert sum(s.name.startswith("CPU Adam") for s in step) == 298
+
+
+def test_gap_below_two_is_refused() -> None:
+    """gap 1 puts every sub-group on the CPU in the fork (x % 1 == 0 always): not a split."""
+    st = load_strategy("deep-optimizer-states")
+    st = st.model_validate({**st.model_dump(), "system_options": {"prefetch_optimizer_gap": 1}})
+    with pytest.raises(ConfigError, match="prefetch_optimizer_gap"):
+        choice_policies(make_run_config("a100-80gb-pcie4", "dos-7b", st), None)  # type: ignore[arg-type]
