@@ -30,3 +30,24 @@ class Z3Fp32GradCopy(StrEnum):
 
 #: the current release's behaviour (v0.19.5, the newest tag at the commit read, edaa722126)
 DEFAULT_Z3_FP32_GRAD_COPY = Z3Fp32GradCopy.GPU_UPCAST_ASYNC
+
+
+class Z12LpUpload(StrEnum):
+    """How ZeRO-1/2 CPU offload brings each updated fp32 partition to the GPU's 16-bit copy after
+    CPU Adam, when the step and copy are not fused (stage_1_and_2.py ``step``; deepspeed_runtime.md
+    §14.9 "ZeRO-1/2 offload lp upload, non-fused", §14.10 ``z12_lp_upload``). Fused fp16 runs of
+    v0.3.0-v0.8.3 are the strategy's ``lp_copy: fused_zero_copy`` instead."""
+
+    #: v0.9.0-v0.14.0 (and bf16 runs before): ``copy_`` from the CPU fp32 master: a CPU cast into
+    #: a pageable temporary, then a blocking 16-bit H2D from it (PyTorch Copy.cu)
+    CPU_CAST_PAGEABLE = "cpu_cast_pageable"
+    #: v0.14.1-v0.16.9 (PR #5301): the fp32 master pinned, a blocking ``.to(gpu)`` of 4 B per
+    #: parameter, the cast on the GPU (no CPU cast pass)
+    FP32_PINNED_GPU_CAST = "fp32_pinned_gpu_cast"
+    #: v0.17.0+ (PR #7309): a CPU cast into a 16-bit staging buffer and a non_blocking H2D of it,
+    #: pinned iff pin_memory
+    STAGED_LP = "staged_lp"
+
+
+#: the current release's behaviour (v0.19.5)
+DEFAULT_Z12_LP_UPLOAD = Z12LpUpload.STAGED_LP
