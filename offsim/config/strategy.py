@@ -248,6 +248,16 @@ class Strategy(Frozen):
                     "(#8207, the current release): non_blocking into pinned memory. Sub-groups on NVMe use "
                     "the gradient swapper in every version (offsim.plan.deepspeed_versions)",
     )
+    z12_lp_upload: Literal["cpu_cast_pageable", "fp32_pinned_gpu_cast", "staged_lp"] = Field(
+        default="staged_lp",
+        description="DeepSpeed version switch (deepspeed_runtime.md 14.9-14.10): how ZeRO-1/2 CPU offload "
+                    "uploads each updated partition when the step and copy are not fused "
+                    "(stage_1_and_2.py step). cpu_cast_pageable, v0.9.0-v0.14.0: CPU cast into a pageable "
+                    "temporary, blocking 16-bit H2D; fp32_pinned_gpu_cast, v0.14.1-v0.16.9 (#5301): "
+                    "blocking fp32 H2D from the pinned master (4 B per parameter), cast on the GPU, no CPU "
+                    "cast pass; staged_lp, v0.17.0+ (#7309, the current release): CPU cast into a staging "
+                    "buffer, non_blocking H2D (offsim.plan.deepspeed_versions)",
+    )
     cpu_adam_threads_per_rank: int | None = Field(
         default=None, ge=1,
         description="OpenMP threads of each rank's CPU Adam (OMP_NUM_THREADS; DeepSpeed's launcher sets "
