@@ -65,9 +65,13 @@ def test_older_releases_copy_16_bit_and_upcast_on_the_cpu() -> None:
 
 def test_a_blocking_copy_holds_the_backward_back() -> None:
     """A blocking boundary copy (v0.16.3-v0.19.4) makes the host, which issues the compute,
-    wait for it: the backward is longer than with the current release's non_blocking copy."""
-    fast = simulate(_cfg("zero-infinity-cpu")).metrics.phases_s.backward
-    slow = simulate(_cfg("zero-infinity-cpu", z3_fp32_grad_copy="gpu_upcast_blocking")).metrics.phases_s.backward
+    wait for it: the backward is longer than with the current release's non_blocking copy.
+    With several reduce buckets (1.3e7 elements: about one tiny block each), since the default
+    5e8 holds the whole 6.7e7-parameter tiny model in one bucket, flushed after the last layer,
+    where the epilogue waits for the reduction stream anyway (both 0.666 s)."""
+    fast = simulate(_cfg("zero-infinity-cpu", reduce_bucket_params=1.3e7)).metrics.phases_s.backward
+    slow = simulate(_cfg("zero-infinity-cpu", reduce_bucket_params=1.3e7,
+                         z3_fp32_grad_copy="gpu_upcast_blocking")).metrics.phases_s.backward
     assert slow > fast
 
 
@@ -83,9 +87,13 @@ def test_nvme_gradients_written_once_at_the_boundary() -> None:
 
 def test_the_gradient_swapper_blocks_the_host_when_its_pool_is_small() -> None:
     """§7: the host waits once the swapper's buffers hold unwritten gradients; one small buffer
-    (buffer_count 1, sub_group_size 1e6: 4 MB) stalls the backward more than sixteen large ones."""
-    small = simulate(_cfg("zero-infinity-nvme", optimizer_buffer_count=1, sub_group_params=1e6))
-    large = simulate(_cfg("zero-infinity-nvme", optimizer_buffer_count=16, sub_group_params=1e6))
+    (buffer_count 1, sub_group_size 1e6: 4 MB) stalls the backward more than sixteen large ones.
+    Reduce buckets of 1.3e7 elements (about one tiny block each), so that several buckets' copies
+    meet the pool (the default 5e8 is one bucket for the whole tiny model)."""
+    small = simulate(_cfg("zero-infinity-nvme", optimizer_buffer_count=1, sub_group_params=1e6,
+                          reduce_bucket_params=1.3e7))
+    large = simulate(_cfg("zero-infinity-nvme", optimizer_buffer_count=16, sub_group_params=1e6,
+                          reduce_bucket_params=1.3e7))
     stalls = [s for s in small.recorder.spans if "gradient swapper" in s.name]
     assert stalls and small.metrics.phases_s.backward > large.metrics.phases_s.backward
 

@@ -8,6 +8,10 @@ copies the partition down and then, on the host: accumulates into the fp32 gradi
 writes it to NVMe (reading the previous micro-batches' sum first), or, under the layer-wise
 schedule, hands the layer's last gradient to a CPU update that overlaps the rest of backward
 (Fuyou, LSP-Offload, SuperOffload). Without overlap the compute stream waits for each copy.
+
+DeepSpeed ZeRO-3's offload reduces per reduce bucket instead (:class:`GradBucket`: up to
+``reduce_bucket_size`` elements across layer boundaries, three reductions in flight, everything on
+its one reduction stream; stage3.py ``__reduce_and_partition_ipg_grads``, deepspeed_runtime.md §3).
 """
 
 from __future__ import annotations
@@ -112,13 +116,38 @@ class LayerGrads:
 
 
 @dataclass(frozen=True)
+class GradBucket:
+    """One DeepSpeed ZeRO-3 reduce bucket (stage3.py ``__reduce_and_partition_ipg_grads``): the
+    gradients of ``pieces`` ((layer, elements), in the order they entered it) reduce-scattered and
+    copied as one, issued after the backward of ``flush_layer`` (the layer of its last gradient,
+    :func:`offsim.plan.model.reduce_buckets`). ``flows``: its reduce-scatter and
+    ``partition_grads`` copies, sized by its elements (:class:`LayerGrads`, DeepSpeed's fields);
+    ``continues``: layers with gradients in an earlier bucket of the same backward."""
+
+    pieces: tuple[tuple[int, int], ...]
+    flush_layer: int
+    flows: LayerGrads
+    continues: tuple[int, ...] = ()
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The layers whose gradients it holds."""
+        return tuple(u for u, _ in self.pieces)
+
+
+@dataclass(frozen=True)
 class Grads:
     """Reduce, compress, offload and accumulate gradients; ``overlap``: backward continues while
     they leave (else it waits); ``host_slots``: layer-wise host gradient buffers (None: none);
     ``swap_pool_units``: DeepSpeed's gradient swapper's pool (0: none), in the units of
     :attr:`LayerGrads.swap_units`; ``drain_at_end``: the backward ends with the host waiting for
     every layer's gradient copies (DeepSpeed ZeRO-3's ``independent_gradient_partition_epilogue``:
-    ``reduce_and_partition_stream.synchronize()``, deepspeed_runtime.md §3 "End of backward")."""
+    ``reduce_and_partition_stream.synchronize()``, deepspeed_runtime.md §3 "End of backward").
+    ``buckets``: DeepSpeed ZeRO-3's reduce buckets (:class:`GradBucket`), which then replace the
+    per-layer offload of ``layers``; ``grad_slots``: reductions in flight before the compute
+    stream (the host that issues it) waits (2; DeepSpeed ZeRO-3: 3, stage3.py
+    ``__reduce_and_partition_ipg_grads`` synchronizes the oldest event while more than
+    ``max_param_reduce_events`` = 2 are unfinished)."""
 
     layers: tuple[LayerGrads, ...]
     overlap: bool
@@ -126,6 +155,8 @@ class Grads:
     io_concurrency: int | None = None
     swap_pool_units: int = 0
     drain_at_end: bool = False
+    buckets: tuple[GradBucket, ...] = ()
+    grad_slots: int = 2
     id: MechanismId = MechanismId.GRADS
 
     def setup(self) -> Setup:
@@ -136,7 +167,7 @@ class Grads:
                         for s in names)
         if any(g.roundtrip_h2d is not None for g in self.layers):
             streams = (*streams, StreamSpec(REDUCTION_STREAM, StreamKind.COPY, in_order=True))
-        pools = [PoolSpec(GRAD_SLOTS, 2)]
+        pools = [PoolSpec(GRAD_SLOTS, self.grad_slots)]
         if self.host_slots is not None:
             pools.append(PoolSpec(HOST_GRAD_SLOTS, self.host_slots))
         if self.swap_pool_units > 0:
@@ -148,7 +179,9 @@ class Grads:
         gradient buffers (:data:`HOST_GRAD_SLOTS`), and the pinned buffer of the one layer-wise
         update the in-order ``cpu_update`` stream swaps at a time."""
         off = [g for g in self.layers if g.offloaded]
-        needs = [Need(Tier.GPU, "gradient buffers before offload", 2 * max((g.buffer_bytes for g in off), default=0))]
+        held = [b.flows for b in self.buckets] if self.buckets else off
+        needs = [Need(Tier.GPU, "gradient buffers before offload",
+                      self.grad_slots * max((g.buffer_bytes for g in held), default=0))]
         if self.host_slots is not None and off:
             biggest = max(off, key=lambda g: g.host_buffer_bytes)
             needs.append(Need(biggest.host_tier, f"grads (optimizer format), {self.host_slots} layer buffers",
@@ -161,6 +194,9 @@ class Grads:
         if site.what is not SiteKind.BACKWARD or stage is not Stage.AFTER:
             return
         g = self.layers[site.layer]
+        if self.buckets:
+            self._emit_buckets(b, site)
+            return
         if not g.offloaded:
             if g.reduce is not None:
                 b.add(g.reduce, tag(Activity.GRAD_REDUCE, self.id, Phase.BACKWARD, site.layer),
@@ -168,10 +204,88 @@ class Grads:
             return
         self._offload(b, site, g)
         if self.drain_at_end and site.layer == 0:  # the last layer of backward: the epilogue's sync
-            homes = tuple(grad_home(u) for u, lg in enumerate(self.layers) if lg.offloaded)
+            self._drain(b, site)
+
+    def _drain(self, b: BlockBuilder, site: Site) -> None:
+        """The epilogue's ``reduce_and_partition_stream.synchronize()`` after the last layer."""
+        homes = tuple(grad_home(u) for u, lg in enumerate(self.layers) if lg.offloaded)
+        b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer,
+                          label="waits for the reduction stream (end of backward)"), COMPUTE, reads=homes,
+              stall=Wait("the reduction stream at the end of backward"))
+
+    def _emit_buckets(self, b: BlockBuilder, site: Site) -> None:
+        """The buckets flushed after this layer's backward, in order, then (after layer 0, the
+        last of backward) the epilogue's drain."""
+        for k, bucket in enumerate(self.buckets):
+            if bucket.flush_layer == site.layer:
+                self._bucket(b, site, k, bucket)
+        if self.drain_at_end and site.layer == 0:
+            self._drain(b, site)
+
+    def _bucket(self, b: BlockBuilder, site: Site, k: int, bucket: GradBucket) -> None:
+        """One bucket on DeepSpeed ZeRO-3's reduction stream (stage3.py
+        ``__reduce_and_partition_ipg_grads``): the host waits while 3 earlier reductions are
+        unfinished (a :data:`GRAD_SLOTS` slot on the compute stream), then, in issue order on
+        ``reduce_and_partition_stream``, the reduce-scatter and ``partition_grads``' copies (the
+        round trip every micro-batch; on the boundary the fp32 copy), after which the bucket's
+        event is recorded (the slot released); the gradient swapper's NVMe writes follow."""
+        g, u = bucket.flows, site.layer
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
+        slot = b.add(Acquire(GRAD_SLOTS, 1), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
+                                                 label="waits for the reduce throttle (3 buckets in flight)"),
+                     COMPUTE, stall=Wait("the reduce throttle (3 buckets in flight)"))
+        buf = TensorRef(TensorKind.BUFFER, unit=u, group=k, mb=CUR_MB)
+        last = b.add(Alloc(Tier.GPU, g.buffer_bytes, buf), t, after=[slot],
+                     reads=tuple(grad16(v) for v in bucket.layers))
+        for flow, activity in ((g.reduce, Activity.GRAD_REDUCE), (g.d2h, Activity.GRAD_OFFLOAD),
+                               (g.roundtrip_h2d, Activity.GRAD_OFFLOAD)):
+            if flow is not None:
+                last = b.add(flow, tag(activity, self.id, Phase.BACKWARD, u), REDUCTION_STREAM, after=[last])
+        last = self._bucket_boundary(b, site, g, last)
+        b.add(Free(Tier.GPU, buf), t, after=[last])
+        b.add(Release(GRAD_SLOTS, 1), t, after=[last])
+        end = self._bucket_swap(b, site, g, last)
+        b.add(Join(), t, after=[end], reads=tuple(grad_home(v) for v in bucket.continues),
+              writes=tuple(grad_home(v) for v in bucket.layers))
+        if not self.overlap:
+            b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u, label="waits for gradient offload"),
+                  COMPUTE, after=[end], stall=Wait("gradient offload"))
+
+    def _bucket_boundary(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int) -> int:
+        """The boundary micro-batch's fp32 copy of a bucket on the reduction stream (after a
+        slot of the gradient swapper's pool, which the host waits for), its host pass and, when
+        blocking, the compute stream's wait (``_offload_grad_partition_at_boundary``)."""
+        if not site.last_mb:
+            return last
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer)
+        deps = [last]
+        if g.swap_units > 0:
+            deps.append(b.add(Acquire(GRAD_SWAP_UNITS, g.swap_units),
+                              tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer,
+                                  label="waits for the gradient swapper's buffers"), COMPUTE,
+                              stall=Wait("the gradient swapper's buffers")))
+        if g.boundary_d2h is not None:
+            last = b.add(g.boundary_d2h, t, REDUCTION_STREAM, after=deps)
+        if g.boundary_cast is not None:
+            last = b.add(g.boundary_cast, tag(Activity.GRAD_CAST, self.id, Phase.BACKWARD, site.layer), "grad_host",
+                         after=[last])
+        if g.boundary_blocking:
             b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer,
-                              label="waits for the reduction stream (end of backward)"), COMPUTE, reads=homes,
-                  stall=Wait("the reduction stream at the end of backward"))
+                              label="waits for the blocking gradient copy"), COMPUTE, after=[last],
+                  stall=Wait("a blocking gradient copy"))
+        return last
+
+    def _bucket_swap(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int) -> int:
+        """On the boundary, the gradient swapper's asynchronous NVMe write of a bucket's fp32
+        gradients, then its pool units back."""
+        if not site.last_mb:
+            return last
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer)
+        if g.nvme_write is not None:
+            last = b.add(g.nvme_write, t, "grad_nvme", after=[last])
+        if g.swap_units > 0:
+            last = b.add(Release(GRAD_SWAP_UNITS, g.swap_units), t, after=[last])
+        return last
 
     def _offload(self, b: BlockBuilder, site: Site, g: LayerGrads) -> None:
         u = site.layer

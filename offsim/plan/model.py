@@ -283,3 +283,48 @@ def model_flop_per_iteration(wl: Workload) -> float:
         blocks += sparse * sum(block_gemms(wl, sparse=True))
     per_micro = blocks + head_flop(wl)
     return 3.0 * per_micro * wl.training.grad_accumulation
+
+
+@dataclass(frozen=True)
+class ReduceBucket:
+    """One DeepSpeed ZeRO-3 reduce bucket: ``pieces`` are (layer index, gradient elements) in the
+    order they entered it; it is flushed after the backward of ``flush_layer``, the layer of its
+    last gradient. DeepSpeed flushes it in the hook of the next gradient, which may come later in
+    that layer's backward or in the next layer's; offsim's sites are whole layers, so the flush
+    can be early by at most the time to that hook."""
+
+    pieces: tuple[tuple[int, int], ...]
+    flush_layer: int
+
+    @property
+    def elements(self) -> int:
+        """Gradient elements in the bucket."""
+        return sum(n for _, n in self.pieces)
+
+
+def reduce_buckets(tensors: list[tuple[int, tuple[int, ...]]], bucket_elements: float) -> tuple[ReduceBucket, ...]:
+    """DeepSpeed ZeRO-3's reduce buckets over one backward. ``tensors``: per layer in backward
+    order, (layer index, its tensors' elements in the order their gradients are produced).
+
+    stage3.py ``reduce_independent_p_g_buckets_and_remove_grads`` (read at edaa722126): when a
+    gradient arrives and ``bucket.elements + numel > reduce_bucket_size`` with a non-empty
+    bucket, the bucket is reduced first (``__reduce_and_partition_ipg_grads``), then the gradient
+    is added; a tensor larger than the bucket is a bucket of its own. The epilogue
+    (``independent_gradient_partition_epilogue``) flushes the rest. Pieces of one layer in one
+    bucket are merged."""
+    out: list[ReduceBucket] = []
+    pieces: list[tuple[int, int]] = []
+    filled = 0
+    for layer, sizes in tensors:
+        for n in sizes:
+            if filled > 0 and filled + n > bucket_elements:
+                out.append(ReduceBucket(tuple(pieces), pieces[-1][0]))
+                pieces, filled = [], 0
+            if pieces and pieces[-1][0] == layer:
+                pieces[-1] = (layer, pieces[-1][1] + n)
+            else:
+                pieces.append((layer, n))
+            filled += n
+    if pieces:
+        out.append(ReduceBucket(tuple(pieces), pieces[-1][0]))
+    return tuple(out)

@@ -8,10 +8,10 @@ import math
 from typing import Any
 
 from offsim.config.workload import DTYPE_BYTES
-from offsim.mechanisms.grads import Grads, LayerGrads, LayerUpdate
+from offsim.mechanisms.grads import GradBucket, Grads, LayerGrads, LayerUpdate
 from offsim.plan import footprint as fp
 from offsim.plan.deepspeed_versions import Z3Fp32GradCopy
-from offsim.plan.model import Layer
+from offsim.plan.model import Layer, ReduceBucket, reduce_buckets
 from offsim.systems._ctx import Ctx, whole
 from offsim.systems._part_optimizer import gpu_adam_bpp, optimizer_dram_bpp, storage
 
@@ -124,6 +124,47 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int) -> d
     return fields
 
 
+def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGrads:
+    """A reduce bucket's flows on DeepSpeed's ZeRO-3 path: the reduce-scatter of its 16-bit
+    gradients (``reduce_scatter_coalesced``), the copy of this rank's partition down and
+    :func:`_deepspeed_grads`' round trip and boundary copy, each of the bucket's elements on this
+    rank (a layer's share of them as ``host_share`` says); its GPU bytes: the bucket's gradients
+    (stage3.py ``__reduce_and_partition_ipg_grads``; deepspeed_runtime.md §3)."""
+    st, sz = c.st, c.sz
+    full = bucket.elements * c.bpp_grad
+    local = sum(n / sz.grad_part * c.host_share[u] for u, n in bucket.pieces)
+    hg = sz.host_grad_bytes_per_param
+    nvme = st.placement.grads == "nvme"
+    ds = _deepspeed_grads(c, local, hg, swap_pool_units) if local > 0 else {}
+    return LayerGrads(c.collective(full, 1.0 if st.zero_stage >= 2 else 2.0), True, buffer_bytes=whole(full),
+                      d2h=c.paths.dma(False, whole(local * c.bpp_grad), st.pin_memory) if local > 0 else None,
+                      nvme_write=c.paths.nvme(False, whole(local * hg)) if nvme and local > 0 else None, **ds)
+
+
+def grad_buckets(c: Ctx, swap_pool_units: int) -> tuple[GradBucket, ...]:
+    """DeepSpeed ZeRO-3's reduce buckets over the backward (layers in reverse, each layer's
+    tensors, :func:`offsim.plan.footprint.layer_tensors`, in reverse module order: gradients are
+    produced backwards; :func:`offsim.plan.model.reduce_buckets` with the strategy's
+    ``reduce_bucket_params``) with their flows."""
+    model = c.cfg.workload.model
+    order = [(lay.index, tuple(reversed(fp.layer_tensors(model, lay)))) for lay in reversed(c.layers)
+             if lay.params > 0]
+    seen: set[int] = set()
+    out = []
+    for bucket in reduce_buckets(order, c.st.reduce_bucket_params):
+        layers = {u for u, _ in bucket.pieces}
+        out.append(GradBucket(bucket.pieces, bucket.flush_layer, _bucket_flows(c, bucket, swap_pool_units),
+                              tuple(sorted(layers & seen))))
+        seen |= layers
+    return tuple(out)
+
+
+#: DeepSpeed ZeRO-3's reductions in flight: the host synchronizes the oldest bucket event while
+#: more than ``max_param_reduce_events`` = 2 are unfinished (stage3.py
+#: ``__reduce_and_partition_ipg_grads``), so the third may be issued beside two
+Z3_REDUCTIONS_IN_FLIGHT = 3
+
+
 def grads(c: Ctx) -> Grads:
     slots = fp.layerwise_grad_buffers(c.cfg)
     swapped = _on_deepspeed_grads(c) and c.st.placement.grads == "nvme" and not c.st.delayed_grad_conversion
@@ -132,4 +173,7 @@ def grads(c: Ctx) -> Grads:
     # the epilogue syncs the reduction stream; with gradients on NVMe their writes go on (the
     # swapper's last flush is in step()), and its blocking copies already hold the host
     drain = _on_deepspeed_grads(c) and c.st.placement.grads != "nvme"
-    return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain)
+    if not _on_deepspeed_grads(c):
+        return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain)
+    return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain,
+                 grad_buckets(c, pool), Z3_REDUCTIONS_IN_FLIGHT)

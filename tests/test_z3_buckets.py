@@ -1,0 +1,74 @@
+"""DeepSpeed ZeRO-3's reduce buckets (issue 23 part 1): gradients are reduce-scattered and copied
+per bucket of at most ``reduce_bucket_size`` elements, not per layer, with at most three
+reductions in flight (stage3.py ``reduce_independent_p_g_buckets_and_remove_grads``,
+``__reduce_and_partition_ipg_grads``, ``partition_grads``; deepspeed_runtime.md §3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from offsim.config.run import RunConfig
+from offsim.plan.footprint import state_sizes
+from offsim.plan.model import Layer, ReduceBucket, reduce_buckets
+from offsim.simulation import run_schedule
+from tests.conftest import strategy
+
+
+def test_a_bucket_is_flushed_before_the_gradient_that_would_overflow_it() -> None:
+    """Bucket of 10 elements; gradients in backward order: layer 2 (4, 4), layer 1 (3, 12, 1),
+    layer 0 (5). 4 + 4 = 8; + 3 = 11 > 10: flush {2: 8} after layer 2. 3; + 12 = 15 > 10: flush
+    {1: 3} after layer 1; 12 alone (larger than the bucket, a bucket of its own); + 1 = 13 > 10:
+    flush {1: 12}; 1 + 5 = 6: the epilogue flushes {1: 1, 0: 5} after layer 0."""
+    got = reduce_buckets([(2, (4, 4)), (1, (3, 12, 1)), (0, (5,))], 10)
+    assert got == (ReduceBucket(((2, 8),), 2), ReduceBucket(((1, 3),), 1), ReduceBucket(((1, 12),), 1),
+                   ReduceBucket(((1, 1), (0, 5)), 0))
+    assert [b.elements for b in got] == [8, 3, 12, 6]
+
+
+def test_a_bucket_exactly_full_waits_for_the_next_gradient() -> None:
+    """``elements + numel > reduce_bucket_size`` flushes: a bucket filled to exactly its size
+    stays open until the next gradient arrives (5 + 5 = 10 is not above 10)."""
+    assert reduce_buckets([(1, (5, 5)), (0, (1,))], 10) == (ReduceBucket(((1, 10),), 1), ReduceBucket(((0, 1),), 0))
+
+
+PARAMS = 500_000_000  # 1 GB of bf16 per layer: one bucket of DeepSpeed's default 5e8 elements each
+
+
+def _run(profile, workload, layers: int) -> RunConfig:
+    st = strategy(zero_stage=3, optimizer_device="cpu", prefetch_depth=1, reuse_distance_params=0.0,
+                  placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+    hw = profile.model_copy(update={"gpu": profile.gpu.model_copy(update={"memory_gib": 96.0})})
+    cfg = RunConfig(hardware=hw, workload=workload, strategy=st, iterations=1, warmup_iterations=0)
+    blocks = tuple(Layer(i, f"block{i}", PARAMS, 0.0, 0.25, 0.5, 0.0, 0.0) for i in range(layers))
+    sz = dataclasses.replace(state_sizes(cfg), layers=blocks, params_total=layers * PARAMS,
+                             param_bytes=layers * PARAMS * 2.0, grad_bytes=layers * PARAMS * 2.0)
+    return run_schedule(cfg, sz)[0]
+
+
+def test_the_fourth_bucket_waits_for_the_first_to_finish(tiny_profile, tiny_workload) -> None:
+    """Five blocks of 5e8 parameters on tiny (1 GB/s each way), parameters on the GPU (dp 1: no
+    fetch, no reduce-scatter), one bucket per block. Each bucket on the one reduction stream, at
+    GAS 1: D2H of the 16-bit partition (1 GB, 1 s), H2D back (1 s), fp32 D2H (2 GB, 2 s): 4 s;
+    its event (the slot back) after the fp32 copy.
+
+    Forward [0, 1.25]. Backward: B4 [1.25, 1.75], bucket 4 issued, stream [1.75, 5.75]; B3
+    [1.75, 2.25], bucket 3 [5.75, 9.75]; B2 [2.25, 2.75], bucket 2 [9.75, 13.75] (three in
+    flight); B1 [2.75, 3.25]: bucket 1 finds three unfinished, the host waits for bucket 4's
+    event: stall [3.25, 5.75]; B0 [5.75, 6.25]: bucket 0 waits for bucket 3: [6.25, 9.75];
+    bucket 1 runs [13.75, 17.75], bucket 0 [17.75, 21.75]; the epilogue's drain [9.75, 21.75].
+    Backward 21.75 - 1.25 = 20.5 s."""
+    rec = _run(tiny_profile, tiny_workload, 5)
+    gpu = [(s.name, s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu" and s.phase == "backward"]
+    assert gpu == [(f"block{i} backward", pytest.approx(a), pytest.approx(a + 0.5))
+                   for i, a in zip((4, 3, 2, 1, 0), (1.25, 1.75, 2.25, 2.75, 5.75), strict=True)]
+    throttle = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "throttle" in s.name]
+    assert throttle == [(pytest.approx(3.25), pytest.approx(5.75)), (pytest.approx(6.25), pytest.approx(9.75))]
+    drain = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "end of backward" in s.name]
+    assert drain == [(pytest.approx(9.75), pytest.approx(21.75))]
+    fp32 = [(s.name, s.start_s, s.end_s) for s in rec.spans if s.resource == "d2h" and s.bytes == 4 * PARAMS]
+    assert [(a, b) for _, a, b in fp32] == [(pytest.approx(t - 2), pytest.approx(t)) for t in (5.75, 9.75, 13.75,
+                                                                                              17.75, 21.75)]
+    backward = next(end - start for _, name, start, end in rec.phases if name == "backward")
+    assert backward == pytest.approx(20.5)
