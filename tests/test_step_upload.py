@@ -19,11 +19,18 @@ upload 7.5e8 x 2 B = 1.5 GB at the pageable 0.5 GB/s = 3 s (NVMe write at 0.5 GB
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from offsim.config.run import RunConfig
+from offsim.mechanisms.cpu_optimizer import CpuOptimizer
+from offsim.plan.footprint import state_sizes
+from offsim.plan.model import Layer
+from offsim.systems._parts import build_ctx, optimizer
 from offsim.trace import Recorder
 from tests.conftest import strategy
-from tests.test_timelines import _run
+from tests.test_timelines import PARAMS, _big_gpu, _run
 
 STEP_KINDS = ("cpu", "dram_copy", "h2d", "nvme_write")
 
@@ -83,3 +90,53 @@ def test_adam_moves_28_bytes_when_the_cast_is_its_own_pass(tiny_profile, tiny_wo
     cast = [s.bytes for s in rec.spans if s.name.startswith("cast to 16-bit")]
     assert adam == [pytest.approx(21e9)] * 2
     assert cast == [pytest.approx(4.5e9)] * 2
+
+
+def _z12(tiny_profile, tiny_workload, upload: str):
+    st = strategy(zero_stage=2, prefetch_depth=0, optimizer_device="cpu", sub_group_params=7.5e8, z12_lp_upload=upload,
+                  placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+    rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
+    spans = sorted((s for s in rec.spans if s.phase == "optimizer" and s.resource in STEP_KINDS),
+                   key=lambda s: s.start_s)
+    t0 = spans[0].start_s
+    return rec, [(s.name, round(s.start_s - t0, 9), round(s.end_s - t0, 9)) for s in spans]
+
+
+def test_zero2_before_v0_14_1_casts_on_the_cpu_and_uploads_pageable_blocking(tiny_profile, tiny_workload) -> None:
+    """``z12_lp_upload: cpu_cast_pageable`` (v0.9.0-v0.14.0: ``copy_`` from the fp32 master, a CPU
+    cast into a pageable temporary, then a blocking H2D): per sub-group unscale 0.06, Adam 0.75,
+    cast 0.045, upload 1.5 GB at 0.5 GB/s 3 s, all in series: 3.855 s each, as ZeRO-3."""
+    _, spans = _z12(tiny_profile, tiny_workload, "cpu_cast_pageable")
+    assert [(n, a, b) for n, a, b in spans if "params" in n] == [
+        ("sub-group 0 params", 0.855, 3.855), ("sub-group 1 params", 4.71, 7.71)]
+
+
+def test_zero2_v0_14_1_to_v0_16_9_uploads_fp32_and_casts_on_the_gpu(tiny_profile, tiny_workload) -> None:
+    """``z12_lp_upload: fp32_pinned_gpu_cast`` (PR #5301: a blocking ``.to(gpu)`` of the pinned
+    fp32 master, the cast on the GPU): no CPU cast pass; per sub-group unscale 0.06, Adam 0.75,
+    upload 7.5e8 x 4 B = 3 GB at the pinned 1 GB/s, 3 s: [0.81, 3.81], then [4.62, 7.62]. The
+    3 GB fp32 copy is held on the GPU while it uploads (a STEP-moment need of the footprint)."""
+    rec, spans = _z12(tiny_profile, tiny_workload, "fp32_pinned_gpu_cast")
+    assert not [n for n, _, _ in spans if n.startswith("cast to 16-bit")]
+    assert [(n, a, b) for n, a, b in spans if "params" in n] == [
+        ("sub-group 0 params", 0.81, 3.81), ("sub-group 1 params", 4.62, 7.62)]
+    assert [s.bytes for s in rec.spans if "params" in s.name and s.phase == "optimizer"] == [3e9, 3e9]
+
+
+def test_the_fp32_upload_is_a_gpu_need_of_the_step(tiny_profile, tiny_workload) -> None:
+    """The footprint holds the largest sub-group's fp32 copy on the GPU at the step (7.5e8 x 4 B =
+    3e9 B) with fp32_pinned_gpu_cast, and nothing of the kind with the current staged upload."""
+    def needs(upload: str) -> list[float]:
+        st = strategy(zero_stage=2, prefetch_depth=0, optimizer_device="cpu", sub_group_params=7.5e8,
+                      z12_lp_upload=upload,
+                      placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+        cfg = RunConfig(hardware=_big_gpu(tiny_profile), workload=tiny_workload, strategy=st, iterations=1,
+                        warmup_iterations=0)
+        layers = tuple(Layer(i, f"block{i}", PARAMS, 0.0, 0.25, 0.5, 0.0, 0.0) for i in range(3))
+        sz = dataclasses.replace(state_sizes(cfg), layers=layers, params_total=3 * PARAMS,
+                                 param_bytes=3 * PARAMS * 2.0, grad_bytes=3 * PARAMS * 2.0)
+        opt = optimizer(build_ctx(cfg, sz))
+        assert isinstance(opt, CpuOptimizer)
+        return [n.nbytes for n in opt.footprint() if n.what.startswith("fp32 partition uploaded")]
+    assert needs("fp32_pinned_gpu_cast") == [3e9]
+    assert needs("staged_lp") == []

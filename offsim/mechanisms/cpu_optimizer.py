@@ -91,6 +91,8 @@ class GroupIO:
             ``stage3.py::_reassign_or_swap_out_fp16_params``: a blocking ``copy_`` into the GPU's
             16-bit partition, or ``_partitioned_params_swap_out``'s synchronous NVMe write); False:
             the upload runs beside the step (ZeRO-1/2's non_blocking H2D).
+        home_gpu_bytes: GPU bytes the blocking upload lands in before a GPU cast, held while it
+            runs (ZeRO-1/2 v0.14.1-v0.16.9: ``.to(gpu)`` of the fp32 partition; 0: none).
     """
 
     adam: Flow
@@ -105,6 +107,7 @@ class GroupIO:
     before_adam: tuple[Flow, ...] = ()
     after_adam: tuple[Flow, ...] = ()
     home_blocks: bool = False
+    home_gpu_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,9 @@ class CpuOptimizer:
                       in_flight * largest["first_step_bytes"], Moment.FIRST_STEP)]
         if self.dram_cache is not None and self.dram_cache.capacity_bytes is not None:
             needs.append(Need(self.dram_cache.tier, "DRAM cache of optimizer state", self.dram_cache.capacity_bytes))
+        upload = max((io.home_gpu_bytes for io in self.groups), default=0)
+        if upload:
+            needs.append(Need(Tier.GPU, "fp32 partition uploaded before its GPU cast", upload, Moment.STEP))
         if self.split is not None and self.split.groups:
             unit = max(s.buffer_bytes for s in self.split.groups)
             needs.append(Need(Tier.GPU, "optimizer sub-groups streamed to the GPU", in_flight * unit, unit_bytes=unit))
@@ -331,7 +337,12 @@ class CpuOptimizer:
         for flow in io.after_adam:
             last = b.add(flow, self._t(Activity.OPTIMIZER, g, f"cast to 16-bit, sub-group {g}"), STEP)
         if io.home_blocks and io.params_home is not None:
-            last = b.add(io.params_home, self._t(Activity.PARAM_UPDATE, g), STEP)
+            t = self._t(Activity.PARAM_UPDATE, g)
+            if io.home_gpu_bytes:
+                b.add(Alloc(Tier.GPU, io.home_gpu_bytes, _upload_buffer(g)), t, STEP)
+            last = b.add(io.params_home, t, STEP)
+            if io.home_gpu_bytes:
+                last = b.add(Free(Tier.GPU, _upload_buffer(g)), t, STEP)
         return last
 
     def _read(self, b: BlockBuilder, g: int, first: bool, after: list[int]) -> int:
@@ -391,6 +402,10 @@ def _moments(g: int) -> TensorRef:
 
 def _gpu_buffer(g: int) -> TensorRef:
     return TensorRef(TensorKind.BUFFER, group=g, unit=-3)
+
+
+def _upload_buffer(g: int) -> TensorRef:
+    return TensorRef(TensorKind.BUFFER, group=g, unit=-4)
 
 
 def _swap_buffer(g: int) -> TensorRef:

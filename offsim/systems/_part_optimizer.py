@@ -19,6 +19,7 @@ from offsim.mechanisms.cpu_optimizer import (
 from offsim.mechanisms.gpu_optimizer import GpuOptimizer
 from offsim.plan import footprint as fp
 from offsim.plan.cpu_adam import LpCopy, fused_upload_bytes_per_param, overflow_scan_bytes_per_param
+from offsim.plan.deepspeed_versions import Z12LpUpload
 from offsim.plan.policy_plan import (
     build_context,
     dram_cache_bytes,
@@ -49,12 +50,28 @@ def separate_cast(c: Ctx) -> bool:
 
 
 def blocking_home(c: Ctx) -> bool:
-    """DeepSpeed ZeRO-3's step waits for each sub-group's updated 16-bit parameters to reach
-    their home before it swaps the sub-group's state out and moves on (``stage3.py::step`` ->
-    ``_reassign_or_swap_out_fp16_params``, every release since v0.3.12): on the GPU a blocking
+    """DeepSpeed's step waits for each sub-group's updated 16-bit parameters to reach their home
+    before it swaps the sub-group's state out and moves on. ZeRO-3, every release since v0.3.12
+    (``stage3.py::step`` -> ``_reassign_or_swap_out_partitioned_parameters``, named
+    ``_reassign_or_swap_out_fp16_params`` in older releases): on the GPU a blocking
     ``fp16_partitioned_groups_flat[i].data.copy_(fp32_partitioned_groups_flat[i].data)``, on NVMe
-    ``_partitioned_params_swap_out``'s synchronous write (deepspeed_runtime.md sections 7, 13)."""
-    return c.v.deepspeed_step and c.st.zero_stage == 3
+    ``_partitioned_params_swap_out``'s synchronous write (deepspeed_runtime.md sections 7, 13).
+    ZeRO-1/2 before v0.17.0 (:func:`z12_upload`): a blocking copy too."""
+    if not c.v.deepspeed_step:
+        return False
+    mode = z12_upload(c)
+    return c.st.zero_stage == 3 or mode in (Z12LpUpload.CPU_CAST_PAGEABLE, Z12LpUpload.FP32_PINNED_GPU_CAST)
+
+
+def z12_upload(c: Ctx) -> Z12LpUpload | None:
+    """ZeRO-1/2 offload's non-fused update upload as the strategy's DeepSpeed release runs it
+    (``z12_lp_upload``, deepspeed_runtime.md 14.9: v0.9.0-v0.14.0 CPU cast + blocking pageable
+    16-bit H2D; v0.14.1-v0.16.9, PR #5301, blocking fp32 H2D of the pinned master and the cast
+    on the GPU; v0.17.0+, PR #7309, CPU cast into a staging buffer + non_blocking H2D); None off
+    ZeRO-1/2 or with the fused step + copy (``lp_copy``)."""
+    if c.st.zero_stage not in (1, 2) or LpCopy(c.st.lp_copy) is LpCopy.FUSED_ZERO_COPY:
+        return None
+    return Z12LpUpload(c.st.z12_lp_upload)
 
 
 def gpu_adam_bpp(c: Ctx) -> float:
@@ -96,13 +113,16 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
     nbytes = whole(params * c.bpp_param)
     lp_copy = LpCopy(st.lp_copy)
     home = gather = None
+    gpu_cast = c.v.deepspeed_step and z12_upload(c) is Z12LpUpload.FP32_PINNED_GPU_CAST
+    master = DTYPE_BYTES[c.cfg.workload.precision.master_params]
     if pl.params == "gpu":
-        master = DTYPE_BYTES[c.cfg.workload.precision.master_params]
-        upload = whole(params * fused_upload_bytes_per_param(lp_copy, c.bpp_param, master))
-        # ZeRO-3's copy_ from the CPU fp32 master into the GPU's 16-bit partition changes dtype, so
-        # PyTorch casts on the CPU into a fresh pageable tensor and copies that (Copy.cu
-        # copy_kernel_cuda; deepspeed_runtime.md 13 step 4): pageable whatever pin_memory says
-        home = c.paths.dma(True, upload, st.pin_memory and not blocking_home(c))
+        per_param = master if gpu_cast else fused_upload_bytes_per_param(lp_copy, c.bpp_param, master)
+        # a copy_ from the CPU fp32 master into the GPU's 16-bit copy changes dtype, so PyTorch
+        # casts on the CPU into a fresh pageable tensor and copies that (Copy.cu copy_kernel_cuda;
+        # deepspeed_runtime.md 13 step 4): pageable whatever pin_memory says; #5301's fp32 upload
+        # comes from the pinned master
+        pinned = gpu_cast or (st.pin_memory and not blocking_home(c))
+        home = c.paths.dma(True, whole(params * per_param), pinned)
         if sz.dp > 1 and st.zero_stage in (1, 2):
             gather = c.collective(nbytes * sz.dp, 1.0)
     elif pl.params == "nvme":
@@ -110,16 +130,19 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
     first = whole(fp.first_step_state_bytes(c.cfg, params))
     adam = c.paths.cpu_optimizer(whole(params * dram_bpp), dram_bpp)
     passes = c.paths.cpu_step_passes(params, lp_copy) if c.v.deepspeed_step else ()
+    if gpu_cast:  # the cast runs on the GPU after the fp32 upload: no CPU cast pass
+        passes = passes[:1]
+    home_gpu = whole(params * master) if gpu_cast and pl.params == "gpu" else 0
     if cached:
         grads_in = storage(c, True, grads_b) if grads_b > 0 else None
         return GroupIO(adam, grads_in=grads_in, grads_buffer_bytes=whole(fp.round_pinned(grads_b, st.host_allocator)),
                        first_step_bytes=first, params_home=home, gather=gather, before_adam=passes[:1],
-                       after_adam=passes[1:], home_blocks=blocking_home(c))
+                       after_adam=passes[1:], home_blocks=blocking_home(c), home_gpu_bytes=home_gpu)
     staged = state + grads_b
     buffer = 0 if fp.deepspeed_zero3_offload(c.cfg) else whole(fp.round_pinned(staged, st.host_allocator))
     return GroupIO(adam, storage(c, True, staged) if staged > 0 else None,
                    storage(c, False, state) if state > 0 else None, None, buffer, 0, first, home, gather,
-                   passes[:1], passes[1:], blocking_home(c))
+                   passes[:1], passes[1:], blocking_home(c), home_gpu)
 
 
 def overflow_scan(c: Ctx) -> Flow | None:
