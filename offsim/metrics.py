@@ -212,5 +212,7 @@ def _recompute_flop(cfg: RunConfig, recomputed: dict[int, float]) -> float:
     each layer times how often its recompute span ran (checkpointing or a per-layer policy)."""
     from offsim.plan.model import build_layers
 
+    if not recomputed:  # nothing repeated: no layers to build (a sweep's every point, issue 16)
+        return 0.0
     fwd_flop = {lay.index: lay.fwd_flop for lay in build_layers(cfg.workload, cfg.hardware.gpu)}
     return sum(fwd_flop.get(index, 0.0) * count for index, count in recomputed.items())

@@ -9,20 +9,21 @@ without reading any of them.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from offsim.cache_stats import cache_stats
+from offsim.cache_stats import CacheStats, cache_stats
 from offsim.config.run import RunConfig
 from offsim.engine import reuse
 from offsim.engine.execute import Executor, Machine
 from offsim.errors import InfeasibleError
 from offsim.fit_check import footprint_of, raise_if_over
 from offsim.metrics import RunMetrics, steady_iterations, summarize
-from offsim.plan.footprint import StateSizes, capacities, state_sizes
+from offsim.plan.footprint import Footprint, StateSizes, capacities, state_sizes
 from offsim.plan.paths import resource_capacities
 from offsim.plan.policy_plan import activation_policy, custom_activations
 from offsim.results import RunResult
@@ -57,6 +58,8 @@ class Composed:
     sz: StateSizes
     system: System
     schedule: Schedule | None = None
+    #: :func:`~offsim.fit_check.footprint_of` the composition, once worked out (None: not yet)
+    fit: Footprint | None = None
 
     def compiled(self) -> Composed:
         """This composition with its schedule compiled (itself when it already is)."""
@@ -64,7 +67,13 @@ class Composed:
             return self
         memo = reuse.active()  # in a sweep: equal compositions share one compile
         schedule = compile_system(self.system) if memo is None else memo.compiled(self.system, compile_system)
-        return Composed(self.cfg, self.sz, self.system, schedule)
+        return dataclasses.replace(self, schedule=schedule)
+
+    def footprint(self) -> Composed:
+        """This composition with its footprint worked out (itself when it already is)."""
+        if self.fit is not None:
+            return self
+        return dataclasses.replace(self, fit=footprint_of(self.system, self.cfg, self.sz))
 
 
 def compose_run(cfg: RunConfig) -> Composed:
@@ -130,9 +139,9 @@ def simulate_resolved(cfg: RunConfig, on_iteration: Callable[[int, int], None] |
     already composed (and compiled) by :func:`compose_run`, whose fitted configuration is the one
     simulated and returned (the sweep's pre-filter hands over what it made for the time bound)."""
     t0 = time.perf_counter()
-    point = compose_run(cfg) if composed is None else composed
-    cfg, sz, system = point.cfg, point.sz, point.system
-    fp = footprint_of(system, cfg, sz)
+    point = (compose_run(cfg) if composed is None else composed).footprint()
+    cfg, sz, system, fp = point.cfg, point.sz, point.system, point.fit
+    assert fp is not None
     fp_dict = {"need": fp.need_bytes, "capacity": fp.capacity_bytes}
     try:
         raise_if_over(fp)
@@ -143,6 +152,16 @@ def simulate_resolved(cfg: RunConfig, on_iteration: Callable[[int, int], None] |
         return RunResult(cfg, metrics, footprint_bytes=fp_dict, wall_time_s=time.perf_counter() - t0)
     metrics = summarize(cfg, rec, peaks)
     act = activation_policy(cfg, sz).name if custom_activations(cfg) else None
-    metrics = metrics.model_copy(update={"cache": cache_stats(rec, steady_iterations(cfg, rec)[0]),
+    metrics = metrics.model_copy(update={"cache": _cache_stats(rec, steady_iterations(cfg, rec)[0]),
                                          "activation_policy": act})
     return RunResult(cfg, metrics, rec, fp_dict, events, time.perf_counter() - t0)
+
+
+def _cache_stats(rec: Recorder, steady: list[int]) -> dict[str, CacheStats]:
+    """:func:`~offsim.cache_stats.cache_stats`, kept with the cache events until more are recorded
+    (:meth:`~offsim.trace.RecordLog.derived`): a run the sweep's memo hands out again shares its
+    events with the run that made them (and its cache descriptions are copies of that run's), so
+    its statistics are worked out once for all of its points (issue 16)."""
+    stats = rec.cache_events.derived(f"simulation._cache_stats {steady}", lambda _: cache_stats(rec, steady))
+    assert isinstance(stats, dict)
+    return dict(stats)

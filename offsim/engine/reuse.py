@@ -124,8 +124,10 @@ class RunMemo:
         dataclasses that emit ops from their fields alone, :mod:`offsim.mechanisms.base`), so
         compositions equal field by field compile to equal schedules; sweep points that differ
         only in what no mechanism reads (the DRAM size, the NVMe drives of a strategy that never
-        touches NVMe...) share one compile (issue 16). One that holds anything else (a callback,
-        an object of an unknown kind) is compiled every time."""
+        touches NVMe...) share one compile (issue 16). Compositions that differ only in what no op
+        shows compile to equal schedules: the one kept is handed out, so that the look-ups of runs
+        and bounds compare it by identity, not op by op. One that holds anything else (a
+        callback, an object of an unknown kind) is compiled every time."""
         try:
             key = _Key((_value(system),))
         except (_OpaqueError, TypeError):
@@ -137,7 +139,8 @@ class RunMemo:
                 self.compiles_saved += 1
                 return schedule
         schedule = compile_system(system)
-        with self._lock:
+        with self._lock:  # one object per schedule: an equal one compiled from another composition
+            schedule = next((s for s in self.schedules.values() if s.fingerprint == schedule.fingerprint), schedule)
             self.schedules[key] = schedule
             while len(self.schedules) > SCHEDULES_KEPT:
                 self.schedules.popitem(last=False)

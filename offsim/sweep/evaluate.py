@@ -25,7 +25,6 @@ from pydantic import BaseModel
 
 from offsim.api import resolve
 from offsim.errors import OffsimError
-from offsim.fit_check import footprint_of
 from offsim.plan.time_bound import time_lower_bound
 from offsim.simulation import Composed, compose_run, simulate_resolved
 from offsim.sweep.cost import cost_columns, usd_per_hour
@@ -181,8 +180,9 @@ def _prefilter(payload: Payload, point: Composed, frontier: Frontier | None, goa
     A point that does not fit is not compiled (the simulator stops at the same check, before any
     event). One that fits is compiled for its time bound (:func:`time_lower_bound` of the
     schedule), and that schedule is the one simulated (issue 16: compiled once, not twice)."""
-    cfg, sz, wl = point.cfg, point.sz, point.cfg.workload
-    if footprint_of(point.system, cfg, sz).first_overflow() is not None:
+    point = point.footprint()  # worked out once: the simulation reads it too
+    cfg, sz, wl, fit = point.cfg, point.sz, point.cfg.workload, point.fit
+    if fit is not None and fit.first_overflow() is not None:
         row["prefilter"] = "infeasible"
         return point
     point = point.compiled()
