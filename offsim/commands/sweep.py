@@ -89,7 +89,8 @@ def sweep(
         str | None, typer.Option(help="address of a running Dask scheduler, e.g. tcp://host:8786")
     ] = None,
     prefilter: Annotated[
-        bool, typer.Option(help="skip simulating points the closed-form checks settle")
+        bool, typer.Option(help="skip simulating points that do not fit, or whose time bound read off "
+                                "the compiled schedule is dominated")
     ] = True,
     yes: Annotated[bool, typer.Option("--yes", help="allow more than 1,000,000 points")] = False,
     max_points: Annotated[
@@ -377,7 +378,8 @@ def size_command(
         Objective, typer.Option(help="cost (purchase price), size (fewest steps up), or auto")
     ] = Objective.AUTO,
     prefilter: Annotated[
-        bool, typer.Option(help="settle points by the closed-form bound when possible")
+        bool, typer.Option(help="settle points that do not fit, or whose time bound read off the compiled "
+                                "schedule misses the target, without simulating")
     ] = True,
     iterations: opt.Iterations = opt.ITERATIONS,
     out: Annotated[Path | None, opt.out("write every evaluated point as CSV here")] = None,

@@ -389,7 +389,10 @@ def run_sweep(
     Args:
         workers: local processes (default: the machine's cores; 1 runs in this process).
         scheduler: a Dask scheduler address (``tcp://host:8786``) or a ``distributed.Client``.
-        prefilter: skip the simulation of points the closed-form checks settle.
+        prefilter: settle without simulating the points that do not fit in memory (the footprint
+            check) or whose time bound, read off the compiled schedule
+            (:func:`~offsim.plan.time_bound.time_lower_bound`), is dominated by a point already
+            simulated.
         max_points: evaluate at most this many new points, then stop (as if interrupted).
         fresh: discard what the store holds first.
         progress: called with ``(points stored, total)`` after each chunk.

@@ -12,8 +12,10 @@ without the full grid:
   rises as the first grows), which costs about ``n1 + n2`` evaluations instead of ``n1 x n2``;
 * the other dimensions are enumerated, and a combination whose cheapest corner already costs
   more than the second-best answer found so far is skipped;
-* with the pre-filter on, a point whose closed-form time bound misses the target, or that does
-  not fit in memory, is settled without simulating.
+* with the pre-filter on, a point that does not fit in memory (the footprint check), or whose
+  time bound misses the target, is settled without simulating (the bound is the least steady
+  iteration time read off the point's compiled schedule,
+  :func:`offsim.plan.time_bound.time_lower_bound`; that schedule is the one then simulated).
 
 The objective is ``cost`` (the machine's purchase price, :func:`offsim.sweep.cost.capex_usd`;
 ties go to the smaller machine) or ``size`` (the sum of each dimension's position in its value
