@@ -9,9 +9,10 @@ parallel file system are shared by the ranks of a node (the PFS by every node).
 from __future__ import annotations
 
 from offsim.config.run import RunConfig
+from offsim.core.units import GiB
 from offsim.errors import InfeasibleError
 from offsim.mechanisms.base import NEED_TIERS, sum_needs
-from offsim.plan.footprint import Footprint, StateSizes, capacities, gpu_margin, state_sizes
+from offsim.plan.footprint import TIERS, Footprint, StateSizes, capacities, gpu_margin, state_sizes
 from offsim.systems._compile import System
 from offsim.systems._registry import compose
 
@@ -58,3 +59,24 @@ def raise_if_over(fp: Footprint) -> Footprint:
 def check_fit(cfg: RunConfig, sz: StateSizes | None = None) -> Footprint:
     """Raise InfeasibleError if any tier's peak exceeds its capacity; else the footprint."""
     return raise_if_over(footprint(cfg, sz))
+
+
+#: how each tier's need is counted, for the verdict's sentence
+_SCOPE = {"host_pinned": "pinned host memory per node", "host": "host memory per node",
+          "nvme": "NVMe per node", "pfs": "parallel file system for the job"}
+
+
+def verdict_sentences(fp: Footprint) -> list[str]:
+    """The verdict of each tier that holds something, with its margin: the GPU's as
+    :meth:`~offsim.plan.footprint.GpuMargin.sentence` states it ("fits with X ± Y GiB to spare"
+    with the allocator's margin, or "short by"); every other tier "fits with X GiB to spare" or
+    "short by X GiB" (need against capacity, GiB)."""
+    out = [f"GPU (per rank): {gpu_margin(fp).sentence()}"]
+    for tier in TIERS[1:]:
+        need, cap = fp.need_bytes[tier], fp.capacity_bytes[tier]
+        if need <= 0:
+            continue
+        spare = (cap - need) / GiB
+        how = f"fits with {spare:.2f} GiB to spare" if spare >= 0 else f"short by {-spare:.2f} GiB"
+        out.append(f"{_SCOPE[tier]}: {how} ({need / GiB:.2f} of {cap / GiB:.2f} GiB)")
+    return out
