@@ -39,7 +39,9 @@ PARAMS = 500_000_000  # 1 GB of bf16 per layer: one bucket of DeepSpeed's defaul
 def _run(profile, workload, layers: int) -> RunConfig:
     st = strategy(zero_stage=3, optimizer_device="cpu", prefetch_depth=1, reuse_distance_params=0.0,
                   placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
-    hw = profile.model_copy(update={"gpu": profile.gpu.model_copy(update={"memory_gib": 96.0})})
+    # room for 2.5e9 parameters' state: GPU 96 GiB, DRAM 512 GiB (tiny has 16 and 64)
+    hw = profile.model_copy(update={"gpu": profile.gpu.model_copy(update={"memory_gib": 96.0}),
+                                    "dram": profile.dram.model_copy(update={"capacity_gib": 512.0})})
     cfg = RunConfig(hardware=hw, workload=workload, strategy=st, iterations=1, warmup_iterations=0)
     blocks = tuple(Layer(i, f"block{i}", PARAMS, 0.0, 0.25, 0.5, 0.0, 0.0) for i in range(layers))
     sz = dataclasses.replace(state_sizes(cfg), layers=blocks, params_total=layers * PARAMS,
@@ -72,3 +74,34 @@ def test_the_fourth_bucket_waits_for_the_first_to_finish(tiny_profile, tiny_work
                                                                                               17.75, 21.75)]
     backward = next(end - start for _, name, start, end in rec.phases if name == "backward")
     assert backward == pytest.approx(20.5)
+
+
+def test_a_70b_layer_is_two_buckets() -> None:
+    """The MLP-Offload 70B shape (dos-7b at 80 x 8192, FFN 28672, 64 heads, 4 key/value heads of
+    128; untied head of 50304 x 8192), buckets of 5e8 by hand. Backward starts with the head:
+    412,090,368 + its final norm 8,192 = 412,098,560; block 79's down projection (8192 x 28672 =
+    234,881,024) would pass 5e8, so the head is a bucket of its own, flushed after the head (layer
+    81). Block 79: down + up = 469,762,048; gate would pass 5e8: flushed; gate + Wo 67,108,864 +
+    Wv and Wk 4,194,304 each + Wq 67,108,864 + its two norms 16,384 = 377,503,744; block 78's
+    down would pass 5e8: flushed, both after block 79 (layer 80). 80 blocks x 2 + head + the
+    embedding (412,090,368, flushed by the epilogue after layer 0) = 162 buckets."""
+    from offsim.config.loading import load_workload
+    from offsim.config.run import make_run_config
+    from offsim.systems._ctx import build_ctx
+    from offsim.systems._part_grads import grad_buckets
+
+    wl = load_workload("dos-7b")
+    model = wl.model.model_copy(update={"layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64})
+    training = wl.training.model_copy(update={"data_parallel": 4})
+    st = strategy(zero_stage=3, optimizer_device="cpu",
+                  placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+    cfg = make_run_config("polaris-a100-grand", wl.model_copy(update={"model": model, "training": training}), st)
+    buckets = grad_buckets(build_ctx(cfg), 0)
+    assert len(buckets) == 162
+    assert [(b.pieces, b.flush_layer) for b in buckets[:4]] == [
+        (((81, 412_098_560),), 81), (((80, 469_762_048),), 80), (((80, 377_503_744),), 80),
+        (((79, 469_762_048),), 79)]
+    assert (buckets[-1].pieces, buckets[-1].flush_layer) == (((0, 412_090_368),), 0)
+    # dp 4: the reduce-scatter moves 3/4 of the bucket's bf16 bytes; a quarter of it goes down
+    d2h = buckets[1].flows.d2h
+    assert d2h is not None and d2h.nbytes == 469_762_048 * 2 // 4

@@ -141,13 +141,22 @@ def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGr
                       nvme_write=c.paths.nvme(False, whole(local * hg)) if nvme and local > 0 else None, **ds)
 
 
+def _backward_tensors(tensors: list[int], block: bool) -> tuple[int, ...]:
+    """A layer's tensors in the order backward produces their gradients: module order reversed,
+    except a block's remainder (norms and biases, listed last and the smallest): its input norm's
+    gradient comes last in backward, so the remainder is put there rather than first."""
+    if block and len(tensors) > 1 and tensors[-1] == min(tensors):
+        return (*reversed(tensors[:-1]), tensors[-1])
+    return tuple(reversed(tensors))
+
+
 def grad_buckets(c: Ctx, swap_pool_units: int) -> tuple[GradBucket, ...]:
     """DeepSpeed ZeRO-3's reduce buckets over the backward (layers in reverse, each layer's
-    tensors, :func:`offsim.plan.footprint.layer_tensors`, in reverse module order: gradients are
-    produced backwards; :func:`offsim.plan.model.reduce_buckets` with the strategy's
-    ``reduce_bucket_params``) with their flows."""
+    tensors, :func:`offsim.plan.footprint.layer_tensors`, as :func:`_backward_tensors` orders
+    them; :func:`offsim.plan.model.reduce_buckets` with the strategy's ``reduce_bucket_params``)
+    with their flows."""
     model = c.cfg.workload.model
-    order = [(lay.index, tuple(reversed(fp.layer_tensors(model, lay)))) for lay in reversed(c.layers)
+    order = [(lay.index, _backward_tensors(fp.layer_tensors(model, lay), lay.is_block)) for lay in reversed(c.layers)
              if lay.params > 0]
     seen: set[int] = set()
     out = []
