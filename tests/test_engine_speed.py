@@ -2,6 +2,7 @@
 
 * :mod:`offsim.engine.soon`: the executor's own events take the same places in SimPy's queue as
   ``simpy.Timeout`` and ``simpy.Event.succeed`` (so every event runs in the same order);
+* :class:`offsim.engine.slots.Pool` grants as ``simpy.Container`` does, with the same events;
 * the records' hand-written ``__init__`` (:mod:`offsim.trace`) builds what the dataclass's would;
 * the renamed ``belady_fetched_bytes`` (it was ``opt_bytes``), by hand.
 """
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from offsim.engine.cache import belady_fetched_bytes
+from offsim.engine.slots import Pool
 from offsim.engine.soon import Soon, call_in
 from offsim.trace import CacheEvent, LevelSample, Span
 
@@ -73,6 +75,58 @@ def test_a_soon_event_succeeds_once_and_a_delay_is_not_negative() -> None:
         event.succeed()
     with pytest.raises(ValueError, match="Negative delay"):
         call_in(env, -1.0, lambda _e: None)
+
+
+#: users of a pool: (arrival, units, hold), whole time units so that many meet at one instant
+_POOL_USERS = hs.lists(hs.tuples(hs.integers(0, 4), hs.integers(1, 3), hs.integers(0, 3)), min_size=1, max_size=12)
+
+
+def _pool_script(make: Any, capacity: int, users: list[tuple[int, int, int]]) -> tuple[list[tuple[Any, ...]], int]:
+    """Users take units of a pool made by ``make(env, capacity)``, hold them, give them back; the
+    log of what happened, in order, and the events processed."""
+    env = simpy.Environment()
+    pool = make(env, capacity)
+    log: list[tuple[Any, ...]] = []
+
+    def arrive(i: int, units: int, hold: int) -> None:
+        log.append(("asked", i, env.now))
+
+        def granted(_e: Any) -> None:
+            log.append(("granted", i, env.now))
+
+            def back(_d: Any) -> None:
+                pool.put(units).callbacks.append(lambda _p: log.append(("in", i, env.now)))
+            env.timeout(hold).callbacks.append(back)
+        pool.get(units).callbacks.append(granted)
+
+    for i, (at, units, hold) in enumerate(users):
+        fits = min(units, capacity)
+        env.timeout(at).callbacks.append(lambda _e, i=i, u=fits, h=hold: arrive(i, u, h))
+        env.timeout(at).callbacks.append(lambda _e, i=i: log.append(("tick", i, env.now)))
+    events = 0
+    while True:
+        try:
+            env.step()
+        except simpy.core.EmptySchedule:
+            break
+        events += 1
+    return log, events
+
+
+@settings(max_examples=300, deadline=None)
+@given(capacity=hs.integers(1, 4), users=_POOL_USERS)
+def test_pool_grants_as_simpy_container_does(capacity: int, users: list[tuple[int, int, int]]) -> None:
+    own = _pool_script(lambda env, c: Pool(env, c, c), capacity, users)
+    assert own == _pool_script(lambda env, c: simpy.Container(env, capacity=c, init=c), capacity, users)
+    assert any(x[0] == "granted" for x in own[0])
+
+
+def test_pool_checks_amounts() -> None:
+    pool = Pool(simpy.Environment(), 2, 2)
+    with pytest.raises(ValueError, match="must be > 0"):
+        pool.get(0)
+    with pytest.raises(ValueError, match="init"):
+        Pool(simpy.Environment(), 2, 3)
 
 
 @pytest.mark.parametrize("cls, args", [

@@ -32,7 +32,7 @@ from offsim.engine.flows import FlowNetwork
 from offsim.engine.hooks import CachePolicy, ChoicePolicy, FetchTracker, PolicyCache
 from offsim.engine.memory import Memory
 from offsim.engine.node import Node
-from offsim.engine.slots import Slots
+from offsim.engine.slots import Pool, Slots
 from offsim.engine.soon import call_in
 from offsim.engine.steady import SteadyState
 from offsim.schedule.analysis import bind
@@ -161,8 +161,7 @@ class Executor:
         self.memory = Memory(lambda: env._now, machine.memory_bytes, machine.ranks_per_node, machine.nodes,
                              recorder.level)
         self.copy_engines = Slots(self.env, machine.copy_engines)
-        self.pools = {p.name: simpy.Container(self.env, capacity=max(p.capacity, 1), init=max(p.capacity, 1))
-                      for p in schedule.pools}
+        self.pools = {p.name: Pool(self.env, max(p.capacity, 1), max(p.capacity, 1)) for p in schedule.pools}
         self.main = next((s.name for s in schedule.streams if s.records_stalls), None)
         self.caches: dict[CacheId, PolicyCache | FetchTracker] = {}
         for spec in schedule.caches:

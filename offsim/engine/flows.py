@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import simpy
@@ -26,6 +27,7 @@ import simpy
 from offsim.engine.soon import Soon, call_in
 
 _EPS = 1e-12
+_FLOW_KEY = attrgetter("key")
 #: flow sets whose rates the network keeps (it forgets them all beyond this)
 _RATE_MEMO = 65_536
 
@@ -211,7 +213,7 @@ class FlowNetwork:
         flows = self.flows
         if not flows:  # nothing to share and nothing to wake for
             return
-        key = tuple([f.key for f in flows])
+        key = tuple(map(_FLOW_KEY, flows))
         rates = self._rates.get(key)
         if rates is None:
             by_flow = fair_rates(flows, self._capacities())
@@ -223,7 +225,8 @@ class FlowNetwork:
         for f, rate in zip(flows, rates, strict=True):
             f.rate_bytes_per_s = rate
             if rate > 0:
-                left_s = max(0.0, f.remaining_bytes) / rate
+                left = f.remaining_bytes
+                left_s = (left if left > 0.0 else 0.0) / rate  # max(0.0, left) without the call
                 if left_s < horizon:
                     horizon = left_s
         if horizon < math.inf:

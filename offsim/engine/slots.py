@@ -1,4 +1,5 @@
-"""Slots taken first come, first served: the executor's copy engines and out-of-order streams.
+"""Slots taken first come, first served: the executor's copy engines and out-of-order streams
+(and :class:`Pool`: its pools of units).
 
 :class:`Slots` keeps what the executor used of :class:`simpy.Resource` and nothing else (issue 16:
 a SimPy request and release cost about 3 us of Python, most of it bookkeeping the executor never
@@ -16,6 +17,8 @@ examines.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import simpy
 
@@ -51,3 +54,64 @@ class Slots:
         if self.waiting and self.used < self.capacity:
             self.used += 1
             self.waiting.popleft().succeed()
+
+
+class Pool:
+    """Units of a pool taken and given back first come, first served: what the executor used of
+    ``simpy.Container`` (``simpy/resources/container.py`` and ``base.py``: ``Get``/``Put``,
+    ``_trigger_get``/``_trigger_put``, ``_do_get``/``_do_put``), with the same events in the same
+    order and without the rest of its machinery (issue 16).
+
+    A get (a put) joins its queue, and the queue is served at once: from its head, each that
+    fits is granted (its event scheduled now) until one does not. A get's event, when processed,
+    serves the puts waiting; a put's event serves the gets waiting.
+    """
+
+    __slots__ = ("capacity", "env", "gets", "level", "puts")
+
+    def __init__(self, env: simpy.Environment, capacity: float, init: float) -> None:
+        if capacity <= 0:
+            raise ValueError('"capacity" must be > 0.')
+        if not 0 <= init <= capacity:
+            raise ValueError('"init" must be >= 0 and <= "capacity".')
+        self.env, self.capacity, self.level = env, capacity, init
+        self.gets: deque[Soon] = deque()
+        self.puts: deque[Soon] = deque()
+
+    def get(self, amount: float) -> Soon:
+        """Ask for ``amount`` units; the event succeeds when they are taken."""
+        event = self._event(amount, self.serve_puts)
+        self.gets.append(event)
+        self.serve_gets()
+        return event
+
+    def put(self, amount: float) -> Soon:
+        """Give back ``amount`` units; the event succeeds when they are in."""
+        event = self._event(amount, self.serve_gets)
+        self.puts.append(event)
+        self.serve_puts()
+        return event
+
+    def _event(self, amount: float, then: Callable[[Any], None]) -> Soon:
+        if amount <= 0:
+            raise ValueError(f"amount(={amount}) must be > 0.")
+        event = Soon(self.env)
+        event.amount = amount  # type: ignore[attr-defined]  # as SimPy's ContainerGet/ContainerPut hold it
+        event.callbacks.append(then)
+        return event
+
+    def serve_gets(self, _event: Any = None) -> None:
+        """Grant the gets waiting, from the head, while they fit."""
+        gets = self.gets
+        while gets and self.level >= gets[0].amount:  # type: ignore[attr-defined]
+            event = gets.popleft()
+            self.level -= event.amount  # type: ignore[attr-defined]
+            event.succeed()
+
+    def serve_puts(self, _event: Any = None) -> None:
+        """Take the puts waiting, from the head, while they fit."""
+        puts = self.puts
+        while puts and self.capacity - self.level >= puts[0].amount:  # type: ignore[attr-defined]
+            event = puts.popleft()
+            self.level += event.amount  # type: ignore[attr-defined]
+            event.succeed()

@@ -45,7 +45,7 @@ from offsim.engine.flows import Flow as NetFlow
 from offsim.engine.flows import WakeToken
 from offsim.engine.hooks import FetchTracker, PolicyCache
 from offsim.engine.node import Node
-from offsim.engine.slots import Slots
+from offsim.engine.slots import Pool, Slots
 from offsim.schedule.ops import Access, TensorRef
 
 if TYPE_CHECKING:
@@ -417,6 +417,8 @@ def _stale_wake(c: _Canon, event: simpy.Event) -> bool:
 def _resource(c: _Canon, res: Any) -> Any:
     if isinstance(res, Slots):
         return (res.used, c.val(list(res.waiting)))
+    if isinstance(res, Pool):
+        return (res.level, c.val(list(res.puts)), c.val(list(res.gets)))
     if isinstance(res, simpy.Container):
         return (res.level, c.val(list(res.put_queue)), c.val(list(res.get_queue)))
     raise OpaqueStateError(f"cannot compare a {type(res).__name__}")
