@@ -221,8 +221,15 @@ def test_zero_infinity_cannot_fit_gpt3_175b_on_the_4090_box() -> None:
     due to CPU memory capacity"; v2: 175B on an RTX 4090 with 256 GB): ZeRO-Infinity does not fit.
     The reason offsim finds is DeepSpeed's own: ZeRO-3 with an offloaded optimizer pins one 16-bit
     gradient buffer for the whole partition (stage3.py grad_partitions_flat_buffer), 350 GB for
-    175B, rounded up by the caching host allocator."""
-    m = simulate(make_run_config(_with_dram_gib("fuyou-4090-testbed", 256.0), "gpt3-175b",
-                                 "zero-infinity-nvme")).metrics
-    assert not m.feasible and m.infeasible_tier == "host_pinned"
-    assert "grad_partitions_flat_buffer" in m.infeasible_reason
+    175B, rounded up by the caching host allocator. (The GPU is also short, marginally: 0.99 ±
+    1.10 GiB since ZeRO-3's three reduce buckets in flight are counted, b3b46f4, and the GPU is
+    the tier the verdict names first; the host's pinned need is checked on the footprint.)"""
+    from offsim.fit_check import footprint
+
+    cfg = make_run_config(_with_dram_gib("fuyou-4090-testbed", 256.0), "gpt3-175b", "zero-infinity-nvme")
+    assert not simulate(cfg).metrics.feasible
+    fp = footprint(cfg)
+    assert fp.need_bytes["host_pinned"] > fp.capacity_bytes["host_pinned"]
+    largest = max(fp.breakdown["host_pinned"].items(), key=lambda kv: kv[1])
+    assert "grad_partitions_flat_buffer" in largest[0]
+    assert largest[1] > fp.capacity_bytes["host_pinned"]  # that buffer alone does not fit
