@@ -222,3 +222,42 @@ def test_compare_samples_adds_paired_columns() -> None:
                                 "0.1", "--samples", "3"], terminal_width=200)
     assert table.exit_code == 0 and "each variant at the same 3 draws" in table.stdout
     assert runner.invoke(app, ["compare", "-H", "tiny", "-w", "tiny", "--samples", "-2"]).exit_code == 2
+
+
+def test_validate_draws_a_profiles_own_ranges_too() -> None:
+    """validate's draws (sample_inputs) take a file's own range in place of the shipped one."""
+    from offsim.validation_intervals import sample_inputs
+
+    cfg = make_run_config(str(ASSUMED_PROFILE), "tiny", "zero-offload")
+    draws = sample_inputs({"hardware": cfg.hardware, "workload": cfg.workload, "strategy": cfg.strategy},
+                          load_assumptions(default_assumptions_path()), 2, "0",
+                          lambda m, _cfg: {"t": m.iteration_time_s})
+    assert "hardware:cpu.memcpy_gb_per_s" in draws.assumptions and "cpu-memcpy" not in draws.assumptions
+    assert draws.feasible == 2 and len(draws.values["t"]) == 2
+
+
+# ----------------------------------------------------------------------------- offsim --help
+def test_the_help_wraps_each_description_at_the_terminal_not_at_the_source_line() -> None:
+    """Typer's rich mode keeps a single line break where the source wrote one, so a description
+    written over several lines ended help lines mid-sentence ('... the lower bound' / 'any policy
+    must move'). Now every line of a description but its last is filled to the panel's width,
+    less at most one word (20 characters here)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from offsim.cli import app\ntry:\n    app(['--help'])\nexcept SystemExit:\n    pass"
+    for width in (80, 100, 140):
+        text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                              env={**os.environ, "COLUMNS": str(width)}).stdout
+        panel = text[text.index("Commands"):].splitlines()[1:-1]
+        rows: list[list[str]] = []
+        for line in panel:
+            if line[2] != " ":  # a command's first line
+                rows.append([])
+            rows[-1].append(line.rstrip().removesuffix("│").rstrip())  # where the text ends
+        for row in rows:
+            short = [b for b in row[:-1] if len(b) < width - 2 - 22]  # a long word ('latency/bandwidth') may wrap
+            assert not short, (width, row)
+        exit_status = text[text.index("Exit status"):text.index("Options")].splitlines()[:-2]
+        assert all(len(ln.rstrip()) >= width - 22 for ln in exit_status[:-1]), exit_status
