@@ -170,7 +170,10 @@ def grad_buckets(c: Ctx, swap_pool_units: int) -> tuple[GradBucket, ...]:
 
 #: DeepSpeed ZeRO-3's reductions in flight: the host synchronizes the oldest bucket event while
 #: more than ``max_param_reduce_events`` = 2 are unfinished (stage3.py
-#: ``__reduce_and_partition_ipg_grads``), so the third may be issued beside two
+#: ``__reduce_and_partition_ipg_grads``), so the third may be issued beside two. The same constant and
+#: the same bucket flush rule are in DeepSpeed v0.14.5 and in the 0.13.3 DataStates forks the
+#: validation cases ran (DataStates/DeepSpeed branches dist_nvme_opt and deep-optimizer-states,
+#: stage3.py), so it is not a version switch
 Z3_REDUCTIONS_IN_FLIGHT = 3
 
 
