@@ -43,14 +43,12 @@ def validate(
     out: Annotated[Path | None, opt.out(
         "write the table as CSV here, intervals included (with --real: the report as JSON)", "--csv")] = None,
     strict: Annotated[bool, typer.Option(hidden=True, help="no effect: a miss always exits 1")] = False,
-    samples: Annotated[int, typer.Option(
-        min=0, help="draws of the assumed inputs per case for the inputs' p10/p50/p90 (0: none)")] = 0,
-    assumptions: Annotated[Path | None, typer.Option(
-        help="ranges of the assumed inputs (default: the shipped validation/assumptions.yaml)")] = None,
+    samples: opt.Samples = 0,
+    assumptions: opt.Assumptions = None,
     holdout: Annotated[str, typer.Option(
         help="residuals an interval may use: 'source' leaves out the case's whole source, 'case' the case")
     ] = "source",
-    seed: Annotated[int, typer.Option(help="seed of the input draws")] = 0,
+    seed: opt.Seed = 0,
     real: Annotated[bool, typer.Option("--real", help="run the real offloaded trainer and compare")] = False,
     hardware: opt.Hardware = opt.HARDWARE,
     workload: opt.Workload = opt.WORKLOAD,
