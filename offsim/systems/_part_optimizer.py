@@ -197,16 +197,9 @@ def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimi
 
 
 def _zero3_step_transient(c: Ctx) -> int:
-    """DeepSpeed ZeRO-3 without offload (stage3.py ``_prepare_fp32_grad_for_sub_group``): per
-    sub-group, ``flatten(averaged_gradients).to(fp32)``, the 16-bit flat copy (b_grad) and the fp32
-    gradient (4 B) alive together, a sub-group being ``sub_group_size`` elements of the rank's
-    partition at most (a group closes once it reaches that size; the overshoot by one tensor is
-    not counted here). 0 off ZeRO-3."""
-    sz, st = c.sz, c.st
-    if st.zero_stage != 3:
-        return 0
-    group = min(float(st.sub_group_params), sz.local_params)
-    return whole(group * (c.bpp_grad + DTYPE_BYTES[c.cfg.workload.precision.optimizer_grads]))
+    """The GPU optimizer step's temporaries besides its state (ZeRO-3's per-sub-group cast, torch
+    AdamW's square-root temporary), as :func:`fp.gpu_step_transient_bytes` sizes them."""
+    return whole(fp.gpu_step_transient_bytes(c.cfg, c.sz))
 
 
 def _step_period(orders: tuple[tuple[int, ...], ...]) -> int:
