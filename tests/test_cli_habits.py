@@ -97,6 +97,9 @@ SAME_EVERYWHERE = {
     "--workload": ["run", "size", "tune", "validate", "compare", "rok", "fit", "schedule"],
     "--strategy": ["run", "size", "schedule"],
     "--figures": ["report", "sweep"],
+    "--samples": ["run", "compare", "validate"],
+    "--seed": ["run", "compare", "validate"],
+    "--assumptions": ["run", "compare", "validate"],
 }
 
 
