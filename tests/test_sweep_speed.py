@@ -146,3 +146,21 @@ def test_a_schedule_is_bounded_once_per_machine(monkeypatch: pytest.MonkeyPatch)
     assert len(calls) == 1  # an equal schedule on the same machine: kept
     slower = bound.iteration_work(schedule, {**capacity, "h2d": 5e9}, 2)
     assert len(calls) == 2 and slower != terms
+
+
+def test_a_schedule_with_run_time_choices_is_bounded_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fingerprint leaves the choices' programs out, so such a schedule is never looked up."""
+    monkeypatch.setattr(bound, "_MEMO", bound._MEMO.__class__())
+    calls: list[object] = []
+    work = bound._iteration_work
+
+    def counted(*args: Any) -> dict[str, float]:
+        calls.append(args[0])
+        return work(*args)
+
+    monkeypatch.setattr(bound, "_iteration_work", counted)
+    schedule = compose_run(make_run_config("tiny", "tiny", "deep-optimizer-states")).compiled().schedule
+    assert schedule is not None and schedule.choices
+    capacity = {"h2d": 1e10, "d2h": 1e10, "cpu": 1e9, "dram": 5e10}
+    assert bound.iteration_work(schedule, capacity, 2) == bound.iteration_work(schedule, capacity, 2)
+    assert len(calls) == 2 and not bound._MEMO
