@@ -83,10 +83,12 @@ def test_stalls_grow_with_the_swap_count_and_vanish_without_swapping() -> None:
     assert all(b >= a for a, b in itertools.pairwise(stalls))
     block = next(lay for lay in sz.layers if lay.is_block)
     hw = cfg.hardware
-    # one swapped block (depth 2): nothing waits in forward; backward waits for the read beyond 2 blocks' backward
+    # one swapped block (Fuyou's depth 1 since b47ba05): nothing waits in forward; backward waits
+    # for the read beyond `depth` blocks' backward
+    depth = cfg.strategy.prefetch_depth
     read_s = (block.act_full_bytes / hw.host_link.h2d.pinned.peak_bytes_per_s
               + block.act_full_bytes / hw.nvme.read_bytes_per_s)
-    assert stalls[1] == pytest.approx(max(0.0, read_s - 2 * block.bwd_s))
+    assert stalls[1] == pytest.approx(max(0.0, read_s - depth * block.bwd_s))
 
 
 def _scaled_rate(link_dir, factor: float):
@@ -143,15 +145,19 @@ def test_auto_swap_is_never_slower_than_either_extreme(pcie, nvme, gpu, depth, t
 GiB = 2**30
 
 
-def _fuyou_13b_cfg(micro_batch: int):
+def _fuyou_13b_cfg(micro_batch: int, depth: int | None = None):
     """Fuyou's preset on its artifact's testbed, GPT-3 13B at its benchmark shape (seq 1024,
-    h 5120, flash attention) and ``micro_batch`` sequences."""
+    h 5120, flash attention) and ``micro_batch`` sequences (``depth``: a prefetch depth other than
+    the preset's 1)."""
     wl = load_workload("fuyou-gpt3-13b")
     wl = wl.model_copy(update={"training": wl.training.model_copy(update={"micro_batch": micro_batch})})
-    return make_run_config("fuyou-4090-testbed", wl, "fuyou")
+    s = load_strategy("fuyou")
+    if depth is not None:
+        s = s.model_copy(update={"prefetch_depth": depth})
+    return make_run_config("fuyou-4090-testbed", wl, s)
 
 
-def _hand_buffers_bytes(n: int, micro_batch: int, depth: int = 2) -> int:
+def _hand_buffers_bytes(n: int, micro_batch: int, depth: int = 1) -> int:
     """Swap buffers of "swap the first n of 40 blocks, checkpoints on the host", by hand: per block
     a swapped one keeps its full activations, 34 B per token and hidden unit with flash attention
     (Korthikanti et al., arXiv 2205.05198 Table 2 without the attention scores), a recomputed one
@@ -162,22 +168,25 @@ def _hand_buffers_bytes(n: int, micro_batch: int, depth: int = 2) -> int:
     return min(n, window) * 34 * sbh + max(0, window - n) * 2 * sbh
 
 
-def test_swap_buffers_are_the_throttles_window_by_hand() -> None:
+@pytest.mark.parametrize("depth", [1, 2])
+def test_swap_buffers_are_the_throttles_window_by_hand(depth: int) -> None:
     """GPT-3 13B, micro-batch 32: a block's full activations are 5.3125 GiB, a checkpoint 0.3125
-    GiB; one swapped block and three checkpoints are 6.25 GiB, four blocks 21.25 GiB."""
-    cfg = _fuyou_13b_cfg(32)
+    GiB; at depth 1 (Fuyou's preset) one swapped block and two checkpoints are 5.9375 GiB, three
+    blocks 15.9375 GiB; at depth 2 one block and three checkpoints 6.25 GiB, four blocks 21.25 GiB."""
+    cfg = _fuyou_13b_cfg(32, depth)
     choice = choose_swap_blocks(cfg, state_sizes(cfg), "nvme")
-    assert [choice.candidates[n].gpu.buffers_bytes for n in range(6)] == [_hand_buffers_bytes(n, 32) for n in range(6)]
-    assert choice.candidates[1].gpu.buffers_bytes == 6.25 * GiB
-    assert choice.candidates[40].gpu.buffers_bytes == 21.25 * GiB
+    assert [choice.candidates[n].gpu.buffers_bytes for n in range(6)] == \
+        [_hand_buffers_bytes(n, 32, depth) for n in range(6)]
+    assert choice.candidates[1].gpu.buffers_bytes == {1: 5.9375, 2: 6.25}[depth] * GiB
+    assert choice.candidates[40].gpu.buffers_bytes == {1: 15.9375, 2: 21.25}[depth] * GiB
 
 
 def test_gpu_memory_not_time_binds_fuyous_swap_at_batch_64() -> None:
     """Fuyou's benchmark shape at micro-batch 64: the model's time alone would swap 4 blocks (the
     GPU term binds and each swapped block saves its recompute), but what the all-recompute
-    plan's other GPU needs leave of the 24 GiB (a few GiB) holds the four host checkpoints in
-    flight (2.5 GiB) and not one block's 10.6 GiB of activations (12.5 GiB with three
-    checkpoints): the rule swaps nothing, and says so."""
+    plan's other GPU needs leave of the 24 GiB (a few GiB) holds the three host checkpoints in
+    flight at Fuyou's depth 1 (1.875 GiB) and not one block's 10.6 GiB of activations (11.875 GiB
+    with two checkpoints): the rule swaps nothing, and says so."""
     cfg = _fuyou_13b_cfg(64)
     choice = choose_swap_blocks(cfg, state_sizes(cfg), "nvme")
     left = choice.candidates[0].gpu.left_bytes
@@ -190,11 +199,12 @@ def test_gpu_memory_not_time_binds_fuyous_swap_at_batch_64() -> None:
 
 
 def test_gpu_limit_is_the_largest_count_whose_buffers_fit_by_hand() -> None:
-    """Micro-batch 32: the room the other needs leave, against the hand-computed buffers of each
-    count, gives the limit (2 blocks: 11.25 GiB of buffers), under the model's time-best 4."""
-    cfg = _fuyou_13b_cfg(32)
+    """Micro-batch 32 at prefetch depth 2 (Fuyou's preset before b47ba05; at its depth 1 every
+    count fits at this batch): the room the other needs leave, against the hand-computed buffers of
+    each count, gives the limit (2 blocks: 11.25 GiB of buffers), under the model's time-best 4."""
+    cfg = _fuyou_13b_cfg(32, depth=2)
     choice = choose_swap_blocks(cfg, state_sizes(cfg), "nvme")
-    by_hand = max(n for n in range(41) if _hand_buffers_bytes(n, 32) <= choice.candidates[n].gpu.left_bytes)
+    by_hand = max(n for n in range(41) if _hand_buffers_bytes(n, 32, 2) <= choice.candidates[n].gpu.left_bytes)
     assert choice.gpu_limit == by_hand
     assert 0 < by_hand < 4 and choice.gpu_binds
     assert choice.blocks <= choice.gpu_limit
@@ -202,8 +212,8 @@ def test_gpu_limit_is_the_largest_count_whose_buffers_fit_by_hand() -> None:
 
 def test_fit_check_accepts_what_fuyous_gpu_rule_admits() -> None:
     """Fuyou's 13B at micro-batch 32 with 1 block swapped and 39 host checkpoints: the forward
-    throttle lets depth + 2 = 4 consecutive offloaded layers occupy the GPU, 1 block and 3
-    checkpoints (6.25 GiB), not 4 x the block's 5.31 GiB = 21.25 GiB (Activations.footprint's
+    throttle lets depth + 2 = 3 consecutive offloaded layers occupy the GPU (Fuyou's depth 1), 1 block
+    and 2 checkpoints (5.9375 GiB), not 3 x the block's 5.31 GiB = 15.94 GiB (Activations.footprint's
     window sum), so the fit check admits the block Fuyou's GPU-memory rule admits."""
     cfg = _fuyou_13b_cfg(32)
     choice = choose_swap_blocks(cfg, state_sizes(cfg), "nvme")
