@@ -28,7 +28,7 @@ fixed-size chunks in execution order):
 * CPU step: ``overlap_cpu_step`` runs each layer's CPU Adam as soon as its gradients reach the
   host (``optimizer_schedule: layerwise``) instead of after backward; both are searched.
 
-The search: every candidate is first checked by the plan's closed-form fit
+The search: every candidate is first checked by the fit check of its composed mechanisms
 (:func:`offsim.fit_check.check_fit`; a miss is infeasible with the tier and the bytes) and
 given the lower bound of its compiled schedule (:func:`offsim.plan.time_bound.time_lower_bound`). Feasible
 candidates are simulated in increasing order of their bound, starting from the base strategy as
