@@ -51,3 +51,25 @@ class Z12LpUpload(StrEnum):
 
 #: the current release's behaviour (v0.19.5)
 DEFAULT_Z12_LP_UPLOAD = Z12LpUpload.STAGED_LP
+
+
+class Z12AccumMode(StrEnum):
+    """Which 16-bit copies ZeRO-1/2 CPU offload makes of an owned parameter's gradient under
+    gradient accumulation (stage2.py / stage_1_and_2.py ``copy_grads_in_partition`` ->
+    ``async_accumulate_grad_in_cpu_via_gpu``; deepspeed_runtime.md §14.2, §14.10
+    ``z12_accum_mode``). In every version micro-batch k > 0 first brings the pinned 16-bit CPU
+    accumulator back up (H2D) and adds it on the GPU, and the boundary copies the slice as fp32
+    (GPU ``.float()``, D2H of 4 B per element, ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``);
+    one micro-batch per step makes only that fp32 copy."""
+
+    #: v0.3.0-v0.15.1: the 16-bit D2H on every micro-batch but the boundary
+    V1 = "v1"
+    #: v0.15.2-v0.18.9 (PR #6550): the 16-bit D2H only at micro-batch 0 (drops the middle ones'
+    #: gradients when accumulating 3 or more, issue #7967)
+    DROP_MIDDLE = "drop_middle"
+    #: v0.19.0+ (PR #7967): the 16-bit D2H on every micro-batch, the boundary's too
+    D2H_EVERY_MB = "d2h_every_mb"
+
+
+#: the current release's behaviour (v0.19.5)
+DEFAULT_Z12_ACCUM_MODE = Z12AccumMode.D2H_EVERY_MB
