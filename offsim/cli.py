@@ -215,6 +215,10 @@ def run(
         print_json(doc if iv is None else {**doc, "intervals": iv.to_dict()})
     else:
         print_metrics_table(result)
+        if not result.feasible:  # every tier's verdict with its margin (issue 23)
+            from offsim.commands._verdicts import print_run_margins
+
+            print_run_margins(result.config)
         if iv is not None:
             print_intervals(iv, result, assumptions)
         if trace is not None and result.feasible:
