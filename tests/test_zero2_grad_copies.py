@@ -1,0 +1,77 @@
+"""DeepSpeed ZeRO-2 offload's gradient copies (ZeRO-Offload; stage2.py / stage_1_and_2.py
+``copy_grads_in_partition``; deepspeed_runtime.md §4, §14.2): bytes per step counted by hand for
+each release's ``z12_accum_mode``, and the backward of ``overlap_comm`` false, where the copies sit
+on the compute stream, timed by hand on the tiny profile (1 GB/s each way, no latency)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from offsim import simulate
+from offsim.config.loading import load_strategy
+from offsim.config.run import RunConfig, make_run_config
+from offsim.mechanisms.zero2_grads import lp_d2h_on
+from offsim.plan.deepspeed_versions import Z12AccumMode
+from offsim.plan.footprint import state_sizes
+
+#: tiny/tiny: one rank, bf16 gradients (2 B), fp32 optimizer gradients (4 B)
+P = 67_118_080
+
+
+def _cfg(gas: int = 1, mode: str | None = None, **st_updates: object) -> RunConfig:
+    st = load_strategy("zero-offload").model_copy(update=st_updates)
+    if mode is not None:
+        st = st.model_copy(update={"system_options": {"z12_accum_mode": mode}})
+    cfg = make_run_config("tiny", "tiny", st)
+    training = cfg.workload.training.model_copy(update={"grad_accumulation": gas})
+    return cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"training": training})})
+
+
+def _grad_bytes(cfg: RunConfig) -> Counter[tuple[str, str]]:
+    result = simulate(cfg)
+    assert result.metrics.feasible, result.metrics.infeasible_reason
+    spans = result.recorder.spans
+    last = max(s.iteration for s in spans)
+    out: Counter[tuple[str, str]] = Counter()
+    for s in spans:
+        if s.iteration == last and s.kind in ("grad_offload", "grad_cast", "grad_accumulate") and s.bytes:
+            out[(s.kind, s.resource)] += s.bytes
+    return out
+
+
+def test_which_micro_batches_copy_16_bits_down() -> None:
+    """§14.2: v1 every micro-batch but the boundary; drop_middle only the first; d2h_every_mb all;
+    one micro-batch per step none (only the fp32 copy)."""
+    first, middle, last, only = (True, False), (False, False), (False, True), (True, True)
+    table = {Z12AccumMode.V1: (True, True, False, False), Z12AccumMode.DROP_MIDDLE: (True, False, False, False),
+             Z12AccumMode.D2H_EVERY_MB: (True, True, True, False)}
+    for mode, want in table.items():
+        assert tuple(lp_d2h_on(mode, *mb) for mb in (first, middle, last, only)) == want
+
+
+def test_one_micro_batch_moves_the_fp32_gradient_only() -> None:
+    """GAS = 1: ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` alone, 4 B per element down;
+    no round trip, nothing added on the host (the generic path's host accumulation is gone)."""
+    assert state_sizes(_cfg()).params_total == P
+    assert _grad_bytes(_cfg()) == Counter({("grad_offload", "d2h"): 4 * P})
+
+
+@pytest.mark.parametrize(("mode", "lp_down"), [("v1", 2), ("drop_middle", 1), ("d2h_every_mb", 3)])
+def test_accumulation_round_trip_by_release(mode: str, lp_down: int) -> None:
+    """GAS = 3: micro-batches 1 and 2 bring the 16-bit accumulator up (2 x 2 B); the 16-bit sum
+    goes down on 2 (v1: micro-batches 0, 1), 1 (drop_middle: 0) or 3 (d2h_every_mb) micro-batches;
+    the boundary's fp32 copy once (4 B)."""
+    got = _grad_bytes(_cfg(gas=3, mode=mode))
+    assert got == Counter({("grad_offload", "d2h"): (lp_down * 2 + 4) * P, ("grad_offload", "h2d"): 2 * 2 * P})
+
+
+def test_copies_on_the_compute_stream_lengthen_backward_by_their_time() -> None:
+    """``overlap_comm`` false: each layer's fp32 copy runs between its backward and the next
+    layer's, so backward = its compute (2 x forward: tiny has no recompute) + 4 B x P at 1 GB/s
+    = 2 x 0.0645682 + 0.2684723 = 0.3976 s; with ``overlap_comm`` the copies overlap it."""
+    m = simulate(_cfg(overlap_grad_offload=False)).metrics
+    assert m.phases_s.backward == pytest.approx(2 * m.phases_s.forward + 4 * P / 1e9, rel=1e-4)
+    overlapped = simulate(_cfg(overlap_grad_offload=True)).metrics.phases_s.backward
+    assert overlapped < m.phases_s.backward - 0.1
