@@ -36,11 +36,13 @@ from offsim.validation_intervals import (
     LOW_Q,
     MID_Q,
     Assumption,
+    BrokenRule,
     Models,
     applies,
     drawn_configs,
     quantile,
     run_value,
+    simulate_draw,
     with_declared,
 )
 
@@ -68,16 +70,19 @@ class RangeUsed:
 
 @dataclass(frozen=True)
 class Misfit:
-    """A draw that does not fit: which tier, the verdict's reason, and the factors drawn."""
+    """A draw that does not fit: which tier, the verdict's reason, and the factors drawn; or the
+    rule of the input files its values break (``rule``; ``tier`` None), which no run could pass."""
 
     draw: int  # 1-based
     tier: str | None
     reason: str
     factors: tuple[tuple[str, float], ...]  # (range id, factor)
+    rule: BrokenRule | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
-        return {"draw": self.draw, "tier": self.tier, "reason": self.reason, "factors": dict(self.factors)}
+        return {"draw": self.draw, "tier": self.tier, "reason": self.reason, "factors": dict(self.factors),
+                "rule": None if self.rule is None else self.rule.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -145,8 +150,6 @@ def run_intervals(cfg: RunConfig, assumptions: Sequence[Assumption], samples: in
     warm-up kept): the ranges its profile and workload declare, then those of ``assumptions`` on
     other fields; take p10/p50/p90 of the iteration time and of each tier's peak bytes.
     Reproducible for a ``seed``; ``on_draw`` is called after each draw (progress)."""
-    from offsim import simulate
-
     models = models_of(cfg)
     assumptions = with_declared(models, assumptions)
     used = ranges_used(models, assumptions)
@@ -160,14 +163,17 @@ def run_intervals(cfg: RunConfig, assumptions: Sequence[Assumption], samples: in
                           warmup=cfg.warmup_iterations)
     for index, (factors, drawn) in enumerate(draws, start=1):
         drawn_factors.append(tuple((a.id, f) for a, f in factors))
-        result = simulate(drawn)
-        m = result.metrics
-        draw_times.append(m.iteration_time_s if m.feasible else None)
-        if m.feasible:
+        m = simulate_draw(drawn)
+        if isinstance(m, BrokenRule):
+            draw_times.append(None)
+            misfits.append(Misfit(index, None, m.text(), drawn_factors[-1], m))
+        elif m.feasible:
+            draw_times.append(m.iteration_time_s)
             times.extend([] if m.iteration_time_s is None else [m.iteration_time_s])
             for t in TIERS:
                 peaks[t].append(float(getattr(m.peak_bytes, t)))
         else:
+            draw_times.append(None)
             misfits.append(_misfit(index, m, drawn_factors[-1]))
         if on_draw is not None:
             on_draw()

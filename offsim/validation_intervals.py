@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from offsim import simulate
 from offsim.config.assumed import field_at
@@ -179,7 +179,9 @@ def run_value(models: Models, path: str) -> Any:
 
 def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models:
     """``models`` with each assumption's factor applied, in order (each re-validated, so a
-    derived value such as the CPU Adam rate follows a scaled DRAM bandwidth)."""
+    derived value such as the CPU Adam rate follows a scaled DRAM bandwidth). A value that breaks
+    a rule of its file raises :class:`DrawRuleError` (a ConfigError) naming the file, the field
+    and the range."""
     out = dict(models)
     for a, factor in draws:
         for part in _PARTS:
@@ -193,8 +195,77 @@ def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models
                 _set(data, p.split(".")[1:], _scaled(value, factor, a.clip))
                 if p == _CPU_RATE:  # scaled as the override it now is
                     data["cpu"]["optimizer_rate_origin"] = "measured"
-            out[part] = validate_data(type(out[part]), data, f"assumption '{a.id}'")
+            try:
+                out[part] = type(out[part]).model_validate(data)
+            except ValidationError as exc:
+                raise DrawRuleError(broken_rule(part, out[part], exc, a.id)) from None
     return out
+
+
+#: What each part of a run is called in a broken rule's sentence.
+_FILE_KIND = {"hardware": "hardware profile", "workload": "workload", "strategy": "strategy"}
+
+
+@dataclass(frozen=True)
+class BrokenRule:
+    """A rule of the input files that a draw's values break: the draw does not fit, for this reason.
+
+    Attributes:
+        file: the file whose values were re-validated, by kind and name (``hardware profile 'tiny'``),
+            or ``the drawn configuration`` for a rule across files (:class:`~offsim.config.run.RunConfig`).
+        field: the dotted field the rule sits on (``hardware.gpu``; the part alone for a rule across files).
+        rule: what the rule says (the validator's message, with the value when it is a number).
+        assumption: the id of the range whose factor was being applied (None for a rule across files).
+    """
+
+    file: str
+    field: str
+    rule: str
+    assumption: str | None = None
+
+    def text(self) -> str:
+        """``breaks a rule of hardware profile 'tiny', hardware.gpu: ... (range 'x' drew it)``."""
+        by = f" (range '{self.assumption}' drew it)" if self.assumption else ""
+        return f"breaks a rule of {self.file}, {self.field}: {self.rule}{by}"
+
+    def to_dict(self) -> dict[str, str | None]:
+        """JSON-serialisable form."""
+        return {"file": self.file, "field": self.field, "rule": self.rule, "assumption": self.assumption}
+
+
+class DrawRuleError(ConfigError):
+    """A draw's values break a rule of the input files (:class:`BrokenRule`)."""
+
+    def __init__(self, broken: BrokenRule) -> None:
+        super().__init__(broken.text())
+        self.broken = broken
+
+
+def broken_rule(part: str, model: Any, exc: ValidationError, assumption: str | None) -> BrokenRule:
+    """The first rule of ``exc`` that the drawn ``part`` (whose values were ``model``'s) breaks."""
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        msg = f"{msg} (got {value:.4g})"
+    name = getattr(model, "name", None)
+    file = f"{_FILE_KIND[part]} '{name}'" if name else _FILE_KIND[part]
+    return BrokenRule(file, f"{part}.{loc}" if loc else part, msg, assumption)
+
+
+def drawn_config(models: Models, factors: Sequence[tuple[Assumption, float]], *, iterations: int = 3,
+                 warmup: int = 1) -> RunConfig | BrokenRule:
+    """The configuration one draw makes, or the rule its values break (a file's field, or a rule
+    across the files: then the whole message of :func:`~offsim.config.run.make_run_config`)."""
+    try:
+        drawn = perturb(models, factors)
+        return make_run_config(drawn["hardware"], drawn["workload"], drawn["strategy"],
+                               iterations=iterations, warmup_iterations=warmup)
+    except DrawRuleError as exc:
+        return exc.broken
+    except ConfigError as exc:
+        return BrokenRule("the drawn configuration", "hardware, workload and strategy together", str(exc))
 
 
 #: The parts of a run whose files may declare their own ranges, and what a range of theirs is called.
@@ -251,16 +322,27 @@ class Draws:
     values: dict[str, tuple[float, ...]]  # metric -> its value in each draw that fit
 
 
+def simulate_draw(drawn: RunConfig | BrokenRule) -> RunMetrics | BrokenRule:
+    """The metrics of a drawn configuration (:func:`drawn_config`), or the rule it breaks: one its
+    files state, or one the run checks as it resolves and composes the drawn values (a
+    :class:`~offsim.errors.ConfigError`; the run as written passed it, so the draw broke it)."""
+    if isinstance(drawn, BrokenRule):
+        return drawn
+    try:
+        return simulate(drawn).metrics
+    except ConfigError as exc:
+        return BrokenRule("the drawn configuration", "hardware, workload and strategy together", str(exc))
+
+
 def drawn_configs(models: Models, chosen: Sequence[Assumption], samples: int, seed: str, *,
                   iterations: int = 3, warmup: int = 1
-                  ) -> Iterator[tuple[list[tuple[Assumption, float]], RunConfig]]:
+                  ) -> Iterator[tuple[list[tuple[Assumption, float]], RunConfig | BrokenRule]]:
     """``samples`` Latin-hypercube draws of the ranges ``chosen`` (each applying to ``models``):
-    per draw, each range's factor and the configuration it makes. Reproducible for a ``seed``."""
+    per draw, each range's factor and the configuration it makes, or the rule of the input files
+    its values break (:func:`drawn_config`: such a draw does not fit). Reproducible for a ``seed``."""
     for row in latin_hypercube(samples, len(chosen), random.Random(seed)):
         factors = [(a, _factor(a, u)) for a, u in zip(chosen, row, strict=True)]
-        drawn = perturb(models, factors)
-        yield factors, make_run_config(drawn["hardware"], drawn["workload"], drawn["strategy"],
-                                       iterations=iterations, warmup_iterations=warmup)
+        yield factors, drawn_config(models, factors, iterations=iterations, warmup=warmup)
 
 
 def sample_inputs(models: Models, assumptions: Sequence[Assumption], samples: int, seed: str,
@@ -272,8 +354,8 @@ def sample_inputs(models: Models, assumptions: Sequence[Assumption], samples: in
     values: dict[str, list[float]] = {}
     feasible = 0
     for _factors, cfg in drawn_configs(models, chosen, samples, seed):
-        metrics = simulate(cfg).metrics
-        if metrics.feasible:
+        metrics = simulate_draw(cfg)  # a draw that breaks a rule does not fit
+        if not isinstance(metrics, BrokenRule) and metrics.feasible and isinstance(cfg, RunConfig):
             feasible += 1
             for name, v in metric_fn(metrics, cfg).items():
                 if v is not None:

@@ -64,11 +64,13 @@ def intervals_table(iv: RunIntervals, result: RunResult) -> Table:
 
 
 def intervals_lines(iv: RunIntervals, assumptions: Path | None) -> list[str]:
-    """Fits in k of N; each draw that does not fit (tier, reason, factors); the ranges applied."""
+    """Fits in k of N; each draw that does not fit (tier, reason, factors; or the rule of the
+    files its values break); the ranges applied."""
     lines = [f"fits in {iv.fits} of {iv.samples} draws of the assumed inputs"]
     for m in iv.misfits[:MISFIT_LINES]:
         drawn = ", ".join(f"{name} x{f:.3g}" for name, f in m.factors)
-        lines.append(f"  draw {m.draw} does not fit ({m.tier}): {m.reason}; drawn: {drawn}")
+        tier = "" if m.tier is None else f" ({m.tier})"  # None: its values break a rule of the files
+        lines.append(f"  draw {m.draw} does not fit{tier}: {m.reason}; drawn: {drawn}")
     if len(iv.misfits) > MISFIT_LINES:
         lines.append(f"  ... and {len(iv.misfits) - MISFIT_LINES} more draws that do not fit (--json lists all)")
     where = f"{assumptions or 'validation/assumptions.yaml'} and the files' own 'assumed'"
