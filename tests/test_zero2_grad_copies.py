@@ -75,3 +75,37 @@ def test_copies_on_the_compute_stream_lengthen_backward_by_their_time() -> None:
     assert m.phases_s.backward == pytest.approx(2 * m.phases_s.forward + 4 * P / 1e9, rel=1e-4)
     overlapped = simulate(_cfg(overlap_grad_offload=True)).metrics.phases_s.backward
     assert overlapped < m.phases_s.backward - 0.1
+
+
+def test_overlapped_copies_hold_backward_one_bucket_behind() -> None:
+    """``overlap_comm`` true: before a layer's copies are issued the compute stream waits for the
+    previous layer's (``average_tensor``: ``torch.cuda.synchronize()`` in v0.3.x, later
+    ``current_stream().wait_stream(reduction_stream)``). On tiny the 1 GB/s copies are slower than
+    the compute, so backward ends when the copies of every layer but the last (the embedding,
+    8192 x 1024 x 4 B = 33,554,432 B) are done, the first starting after the LM head's backward:
+    backward = head backward + (4P - 33,554,432 B) / 1 GB/s = 0.0171799 + 0.2349179 s."""
+    result = simulate(_cfg(overlap_grad_offload=True))
+    last = max(s.iteration for s in result.recorder.spans)
+    head = next(s for s in result.recorder.spans
+                if s.iteration == last and s.kind == "backward" and s.layer == 5)
+    want = (head.end_s - head.start_s) + (4 * P - 8192 * 1024 * 4) / 1e9
+    assert result.metrics.phases_s.backward == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize(("overlap", "bucket", "factor", "gpu_bytes"), [
+    (True, 5e8, 1.0, (2 * 500_000_000 + 8_388_608) * 2),
+    (False, 5e8, 1.0, (500_000_000 + 8_388_608) * 2),
+    (False, 5e7, 4.5, (225_000_000 + 8_388_608) * 2),
+])
+def test_footprint_holds_the_ipg_buckets_and_the_accumulator(overlap: bool, bucket: float, factor: float,
+                                                            gpu_bytes: int) -> None:
+    """GPU: the IPG bucket buffer(s), allocated at ``reduce_bucket_size`` x factor 16-bit elements
+    whatever the model (one, two with ``overlap_comm``; factor 4.5 in v0.3.0-v0.3.16), and
+    ``temp_grad_buffer_for_gpu_offload``, the largest parameter (tiny's 8192 x 1024 embedding);
+    host, with accumulation only: the pinned 16-bit accumulator of every owned parameter (2P)."""
+    from offsim.systems import zero_offload
+    for gas, accumulator in ((1, 0), (3, 2 * P)):
+        cfg = _cfg(gas=gas, overlap_grad_offload=overlap, reduce_bucket_params=bucket)
+        st = cfg.strategy.model_copy(update={"system_options": {"ipg_buffer_factor": factor}})
+        needs = zero_offload.compose(cfg.model_copy(update={"strategy": st})).mechanisms["grads"].footprint()
+        assert [n.nbytes for n in needs] == [gpu_bytes, accumulator]
