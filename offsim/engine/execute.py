@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from heapq import heappop
 
-import simpy
-
 from offsim.core.enums import Activity, CacheId, ChoiceId, Phase
 from offsim.engine import reuse
 from offsim.engine.cursor import Cursor
@@ -33,7 +31,7 @@ from offsim.engine.hooks import CachePolicy, ChoicePolicy, FetchTracker, PolicyC
 from offsim.engine.memory import Memory
 from offsim.engine.node import Node
 from offsim.engine.slots import Pool, Slots
-from offsim.engine.soon import call_in
+from offsim.engine.soon import Clock
 from offsim.engine.steady import SteadyState
 from offsim.schedule.analysis import bind
 from offsim.schedule.ops import (
@@ -155,13 +153,13 @@ class Executor:
         self.schedule, self.machine, self.rec, self.on_iteration = schedule, machine, recorder, on_iteration
         self.cache_policies = policies
         self.choice_policies = choices or {}
-        self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, machine.capacity, duplex_rule(machine.duplex_efficiency), self._flow_done)
-        env = self.env  # the clock alone: a closure over the executor would keep it in a cycle
-        self.memory = Memory(lambda: env._now, machine.memory_bytes, machine.ranks_per_node, machine.nodes,
+        self.clock = clock = Clock()
+        self.net = FlowNetwork(clock, machine.capacity, duplex_rule(machine.duplex_efficiency), self._flow_done)
+        # the clock alone: a closure over the executor would keep it in a cycle
+        self.memory = Memory(lambda: clock.now_s, machine.memory_bytes, machine.ranks_per_node, machine.nodes,
                              recorder.level)
-        self.copy_engines = Slots(self.env, machine.copy_engines)
-        self.pools = {p.name: Pool(self.env, max(p.capacity, 1), max(p.capacity, 1)) for p in schedule.pools}
+        self.copy_engines = Slots(clock, machine.copy_engines)
+        self.pools = {p.name: Pool(clock, max(p.capacity, 1), max(p.capacity, 1)) for p in schedule.pools}
         self.main = next((s.name for s in schedule.streams if s.records_stalls), None)
         self.caches: dict[CacheId, PolicyCache | FetchTracker] = {}
         for spec in schedule.caches:
@@ -171,7 +169,7 @@ class Executor:
             else:
                 self.caches[spec.id] = PolicyCache(spec, policy, self._program, self._cache_event,
                                                    self._peak_noter(str(spec.id)), self.memory.gpu_free_bytes)
-        self.queues = {s.name: Slots(self.env, 1) for s in schedule.streams if not s.in_order}
+        self.queues = {s.name: Slots(clock, 1) for s in schedule.streams if not s.in_order}
         self.stream_last: dict[str, Node] = {}
         self._bound: dict[tuple[TensorRef, int], TensorRef] = {}
         self.last_write: dict[TensorRef, Node] = {}
@@ -240,10 +238,10 @@ class Executor:
         return self.events
 
     def _loop(self, steady: SteadyState | None) -> None:
-        """Process the events in order (``simpy.Environment.step``, inlined: issue 16), and let
+        """Process the clock's entries in order (:meth:`Clock.run`, inlined: issue 16), and let
         the shortcut look at each repetition begun."""
-        cursor, env = self.cursor, self.env
-        queue = env._queue  # the shortcut moves its events in place
+        cursor, clock = self.cursor, self.clock
+        queue = clock.queue  # the shortcut moves its entries in place
         events = self.events  # counted here, and in ``self.events`` where the shortcut reads and moves it
         while True:
             if cursor.crossed:
@@ -255,15 +253,8 @@ class Executor:
                     events = self.events
             if not queue:
                 break
-            env._now, _, _, event = heappop(queue)
-            callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                self.events = events
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                raise exc
+            clock.now_s, _, call, arg = heappop(queue)
+            call(arg)
             events += 1
         self.events = events
 
@@ -333,7 +324,7 @@ class Executor:
             last_write[ref if ref.mb != CUR_MB else self._bind(ref, micro_batch)] = node
         if info.access:
             self.caches[op.body.cache].on_issue(node)  # type: ignore[union-attr]
-        node.head_s = self.env._now
+        node.head_s = self.clock.now_s
         # :meth:`_wait_all`, inlined (issue 16: once per op instance)
         then = node.then = self._start if info.queue is None else self._enqueue
         pending = 0
@@ -348,10 +339,8 @@ class Executor:
     def _enqueue(self, node: Node) -> None:
         """Wait for the turn of the op's out-of-order stream, then start (the slot is held until
         the op finishes)."""
-        queue = node.info.queue
-        req = queue.request()
-        node.request = (queue, req)
-        req.callbacks.append(lambda _e: self._start(node))
+        queue = node.request = node.info.queue
+        queue.request(self._start, node)  # type: ignore[union-attr]
 
     def _bind(self, ref: TensorRef, micro_batch: int) -> TensorRef:
         """``ref`` with the enclosing micro-batch filled in (memoized: one object per version)."""
@@ -399,7 +388,7 @@ class Executor:
         if end_op is None:  # one per program, so that a program's end is the same op each time
             end_op = self._end_ops[id(block)] = Op(-1, Join(), block.ops[0].tag)
         end = Node(end_op, origin.iteration, origin.micro_batch, origin.phase, self._info(end_op))
-        end.head_s = self.env._now
+        end.head_s = self.clock.now_s
         self._wait_all(end, nodes, self._finish)
         return nodes, end
 
@@ -421,19 +410,19 @@ class Executor:
             if last.finished:
                 policy.observe(option, 0.0)
             else:  # the op started now: its start is the program's
-                last.waiters.append(lambda: policy.observe(option, self.env.now - node.start_s))
+                last.waiters.append(lambda: policy.observe(option, self.clock.now_s - node.start_s))
         self._wait_all(node, [end], self._finish)
 
     # ------------------------------------------------------------ start and finish
     def _start(self, node: Node) -> None:
-        node.start_s = self.env._now
+        node.start_s = self.clock.now_s
         info = node.info
         if info.main:
             self._track_start(node)
         info.start(node)
 
     def _start_delay(self, node: Node) -> None:
-        call_in(self.env, node.op.body.seconds, lambda _e: self._kernel_done(node))  # type: ignore[union-attr]
+        self.clock.call_in(node.op.body.seconds, self._kernel_done, node)  # type: ignore[union-attr]
 
     def _start_alloc(self, node: Node) -> None:
         body = node.op.body
@@ -451,7 +440,7 @@ class Executor:
     def _start_acquire(self, node: Node) -> None:
         body = node.op.body
         assert isinstance(body, Acquire)
-        self.pools[body.pool].get(body.amount).callbacks.append(lambda _e: self._finish(node))
+        self.pools[body.pool].get(body.amount, self._finish, node)
 
     def _start_release(self, node: Node) -> None:
         body = node.op.body
@@ -484,32 +473,33 @@ class Executor:
     def _start_flow(self, node: Node) -> None:
         body = node.op.body
         assert isinstance(body, Flow)
-        info = node.info
-        meta = {"node": node, "name": info.name}
-        usage: dict[str, float] = info.usage  # type: ignore[assignment]
-        if not body.copy_engine:
-            self.net.start(body.nbytes, usage, body.cap_bytes_per_s, meta).callbacks.append(
-                lambda _e: self._finish(node))
+        if body.copy_engine:
+            self.copy_engines.request(self._dma_go, node)
             return
-        req = self.copy_engines.request()
+        info = node.info
+        self.net.start(body.nbytes, info.usage, body.cap_bytes_per_s, {"node": node, "name": info.name},  # type: ignore[arg-type]
+                       self._finish, node)
 
-        def go(_e: simpy.Event) -> None:
-            def end(_d: simpy.Event) -> None:
-                self.copy_engines.release(req)
-                self._finish(node)
-            self.net.start(body.nbytes, usage, body.cap_bytes_per_s, meta).callbacks.append(end)
-        req.callbacks.append(go)
+    def _dma_go(self, node: Node) -> None:
+        """A copy engine is granted: the DMA's flow starts, and gives the engine back at its end."""
+        body: Flow = node.op.body  # type: ignore[assignment]
+        info = node.info
+        self.net.start(body.nbytes, info.usage, body.cap_bytes_per_s, {"node": node, "name": info.name},  # type: ignore[arg-type]
+                       self._dma_end, node)
+
+    def _dma_end(self, node: Node) -> None:
+        self.copy_engines.release()
+        self._finish(node)
 
     def _finish(self, node: Node) -> None:
         """The op has run (a wait of the stream until now is a stall when the op says so); the
         nodes waiting for it count it down, and each that has nothing left to wait for goes on."""
-        now = self.env._now
+        now = self.clock.now_s
         if node.op.stall is not None:
             self._stall(node, now)
         node.finished = True
         if node.request is not None:
-            queue, req = node.request
-            queue.release(req)
+            node.request.release()
         if now > self.end_s:
             self.end_s = now
         if node.info.main:
@@ -559,13 +549,13 @@ class Executor:
     def _kernel_done(self, node: Node) -> None:
         info = node.info
         self.rec.spans.append(Span(node.iteration, node.phase, "gpu", info.activity, info.name, node.op.tag.layer,
-                                   node.start_s, self.env._now))
+                                   node.start_s, self.clock.now_s))
         self._finish(node)
 
     def _flow_done(self, flow: NetFlow) -> None:
         node: Node = flow.meta["node"]
         info = node.info
-        append, layer, now = self.rec.spans.append, node.op.tag.layer, self.env._now
+        append, layer, now = self.rec.spans.append, node.op.tag.layer, self.clock.now_s
         for link in info.links:
             append(Span(node.iteration, node.phase, link, info.activity, flow.name, layer, flow.start_s, now,
                         flow.size_bytes))

@@ -22,9 +22,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-import simpy
-
-from offsim.engine.soon import Soon, call_in
+from offsim.engine.soon import Clock
 
 _EPS = 1e-12
 _FLOW_KEY = attrgetter("key")
@@ -34,15 +32,17 @@ _RATE_MEMO = 65_536
 
 @dataclass(eq=False, slots=True)
 class Flow:
-    """One transfer (or bandwidth-bound piece of work) in progress."""
+    """One transfer (or bandwidth-bound piece of work) in progress; ``done(arg)`` is scheduled
+    when its last byte has moved (None: nothing)."""
 
     name: str
     size_bytes: float
     usage: dict[str, float]
     cap_bytes_per_s: float
-    done: simpy.Event
+    done: Callable[[Any], None] | None
     start_s: float
     meta: dict[str, Any] = field(default_factory=dict)
+    arg: Any = None
     remaining_bytes: float = 0.0
     rate_bytes_per_s: float = 0.0
     key: int = -1  # names its usage and cap in the network's memo of rates (-1: not yet)
@@ -132,10 +132,10 @@ class WakeToken:
 
 
 class FlowNetwork:
-    """Shared resources and the flows over them, on a SimPy clock.
+    """Shared resources and the flows over them, on the engine's clock.
 
     Args:
-        env: the SimPy environment (the engine's clock).
+        clock: the engine's clock.
         capacity: capacity per resource name.
         capacity_rule: optional function of the set of busy resources returning adjusted
             capacities (used for the duplex loss when both PCIe directions are busy).
@@ -144,12 +144,12 @@ class FlowNetwork:
 
     def __init__(
         self,
-        env: simpy.Environment,
+        clock: Clock,
         capacity: dict[str, float],
         capacity_rule: Callable[[set[str], dict[str, float]], dict[str, float]] | None = None,
         on_finish: Callable[[Flow], None] | None = None,
     ) -> None:
-        self.env = env
+        self.clock = clock
         self.capacity = dict(capacity)
         self.capacity_rule = capacity_rule
         self.on_finish = on_finish
@@ -160,8 +160,9 @@ class FlowNetwork:
         self._rates: dict[tuple[int, ...], tuple[float, ...]] = {}  # the flows' keys in order -> rates
 
     def start(self, size_bytes: float, usage: dict[str, float], cap_bytes_per_s: float,
-              meta: dict[str, Any]) -> simpy.Event:
-        """Start a flow; the returned event fires when its last byte has moved.
+              meta: dict[str, Any], done: Callable[[Any], None] | None = None, arg: Any = None) -> None:
+        """Start a flow; ``done(arg)`` is scheduled when its last byte has moved (SimPy's event
+        that succeeded then).
 
         ``meta`` labels it (``name`` at least) and is handed back with the finished flow.
         """
@@ -173,11 +174,10 @@ class FlowNetwork:
             raise KeyError(f"flow {name!r} uses unknown resources {sorted(unknown)}")
         if cap_bytes_per_s <= 0:
             raise ValueError(f"flow {name!r} needs a positive rate cap")
-        done = Soon(self.env)
-        flow = Flow(name, size_bytes, usage, cap_bytes_per_s, done, self.env._now, meta, size_bytes)
+        flow = Flow(name, size_bytes, usage, cap_bytes_per_s, done, self.clock.now_s, meta, arg, size_bytes)
         if size_bytes <= 0:
             self._finish(flow)
-            return done
+            return
         what = (tuple(usage.items()), cap_bytes_per_s)
         key = self._keys.get(what)
         if key is None:
@@ -187,10 +187,9 @@ class FlowNetwork:
         self._advance()
         self.flows.append(flow)
         self._rebalance()
-        return done
 
     def _advance(self) -> None:
-        now = self.env._now
+        now = self.clock.now_s
         dt = now - self._last_s
         if dt > 0:
             for f in self.flows:
@@ -230,9 +229,10 @@ class FlowNetwork:
                 if left_s < horizon:
                     horizon = left_s
         if horizon < math.inf:
-            call_in(self.env, horizon, lambda _ev: self._wake(token))
+            self.clock.call_in(horizon, self._wake, token)
 
     def _wake(self, token: WakeToken) -> None:
+        """The wake-up named ``token``: finish the flows done, share anew (a superseded one does nothing)."""
         if token is not self.wake_token:
             return
         self._advance()
@@ -258,4 +258,5 @@ class FlowNetwork:
         flow.remaining_bytes = 0.0
         if self.on_finish is not None:
             self.on_finish(flow)
-        flow.done.succeed()  # no value: the flow holds its event, and a value would make a cycle
+        if flow.done is not None:
+            self.clock.call_now(flow.done, flow.arg)

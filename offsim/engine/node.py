@@ -57,4 +57,4 @@ class Node:
         self.start_s = -math.inf
         self.position = -1
         self.stream_pred: Node | None = None
-        self.request: tuple[Any, Any] | None = None  # (queue, slot) it holds while it runs
+        self.request: Any = None  # the out-of-order stream's slots, one of which it holds while it runs

@@ -3,12 +3,14 @@
 
 :class:`Slots` keeps what the executor used of :class:`simpy.Resource` and nothing else (issue 16:
 a SimPy request and release cost about 3 us of Python, most of it bookkeeping the executor never
-reads), in SimPy's order, so that the events processed and their order do not change:
+reads), in SimPy's order, on the engine's :class:`~offsim.engine.soon.Clock`, so that the events
+processed and their order do not change (a request's event is the call it names, scheduled when
+it is granted):
 
 * a request joins the queue, and the head of the queue is granted at once if a slot is free (its
-  event is scheduled now);
-* a release frees the slot at once and schedules an event (SimPy's ``Release``) which, when it is
-  processed, grants the head of the queue if a slot is free.
+  call is scheduled now);
+* a release frees the slot at once and schedules an entry (SimPy's ``Release`` event) which, when
+  it is processed, grants the head of the queue if a slot is free.
 
 Each of the two grants at most the head: SimPy's ``Resource`` stops at the first request it
 examines.
@@ -20,40 +22,51 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import simpy
+from offsim.engine.soon import Clock
 
-from offsim.engine.soon import Soon, call_in
+#: who waits: the call to schedule when granted, and its argument
+Waiter = tuple[Callable[[Any], None], Any]
 
 
 class Slots:
-    """``capacity`` slots of ``env``; ``used`` are held and ``waiting`` requests queue for one."""
+    """``capacity`` slots of ``clock``; ``used`` are held and ``waiting`` requests queue for one."""
 
-    __slots__ = ("capacity", "env", "used", "waiting")
+    __slots__ = ("capacity", "clock", "used", "waiting")
 
-    def __init__(self, env: simpy.Environment, capacity: int) -> None:
+    def __init__(self, clock: Clock, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError('"capacity" must be > 0.')
-        self.env, self.capacity, self.used = env, capacity, 0
-        self.waiting: deque[simpy.Event] = deque()
+        self.clock, self.capacity, self.used = clock, capacity, 0
+        self.waiting: deque[Waiter] = deque()
 
-    def request(self) -> simpy.Event:
-        """Queue for a slot; the event succeeds when it is granted."""
-        event = Soon(self.env)
-        self.waiting.append(event)
-        self.grant()
-        return event
+    def request(self, call: Callable[[Any], None], arg: Any = None) -> None:
+        """Queue for a slot; ``call(arg)`` is scheduled when it is granted."""
+        self.waiting.append((call, arg))
+        if self.used < self.capacity:  # :meth:`grant`, inlined
+            self.used += 1
+            call, arg = self.waiting.popleft()
+            self.clock.call_now(call, arg)
 
-    def release(self, request: simpy.Event) -> None:
-        """Give back the slot ``request`` holds; the next request is granted when the release's
-        event is processed."""
+    def release(self) -> None:
+        """Give back a slot; the next request is granted when the release's entry is processed."""
         self.used -= 1
-        call_in(self.env, 0.0, self.grant)
+        self.clock.call_now(self.grant)
 
-    def grant(self, _event: simpy.Event | None = None) -> None:
+    def grant(self, _arg: Any = None) -> None:
         """Grant the head of the queue if a slot is free."""
         if self.waiting and self.used < self.capacity:
             self.used += 1
-            self.waiting.popleft().succeed()
+            call, arg = self.waiting.popleft()
+            self.clock.call_now(call, arg)
+
+
+class Ask:
+    """A get or a put waiting in a :class:`Pool`: its amount, and what to call once it is in."""
+
+    __slots__ = ("amount", "arg", "call")
+
+    def __init__(self, amount: float, call: Callable[[Any], None] | None, arg: Any) -> None:
+        self.amount, self.call, self.arg = amount, call, arg
 
 
 class Pool:
@@ -63,55 +76,61 @@ class Pool:
     order and without the rest of its machinery (issue 16).
 
     A get (a put) joins its queue, and the queue is served at once: from its head, each that
-    fits is granted (its event scheduled now) until one does not. A get's event, when processed,
-    serves the puts waiting; a put's event serves the gets waiting.
+    fits is granted (its entry scheduled now) until one does not. A get's entry, when processed,
+    serves the puts waiting, then calls what the get named; a put's serves the gets waiting.
     """
 
-    __slots__ = ("capacity", "env", "gets", "level", "puts")
+    __slots__ = ("capacity", "clock", "gets", "level", "puts")
 
-    def __init__(self, env: simpy.Environment, capacity: float, init: float) -> None:
+    def __init__(self, clock: Clock, capacity: float, init: float) -> None:
         if capacity <= 0:
             raise ValueError('"capacity" must be > 0.')
         if not 0 <= init <= capacity:
             raise ValueError('"init" must be >= 0 and <= "capacity".')
-        self.env, self.capacity, self.level = env, capacity, init
-        self.gets: deque[Soon] = deque()
-        self.puts: deque[Soon] = deque()
+        self.clock, self.capacity, self.level = clock, capacity, init
+        self.gets: deque[Ask] = deque()
+        self.puts: deque[Ask] = deque()
 
-    def get(self, amount: float) -> Soon:
-        """Ask for ``amount`` units; the event succeeds when they are taken."""
-        event = self._event(amount, self.serve_puts)
-        self.gets.append(event)
+    def get(self, amount: float, call: Callable[[Any], None] | None = None, arg: Any = None) -> None:
+        """Ask for ``amount`` units; ``call(arg)`` once they are taken."""
+        self.gets.append(self._ask(amount, call, arg))
         self.serve_gets()
-        return event
 
-    def put(self, amount: float) -> Soon:
-        """Give back ``amount`` units; the event succeeds when they are in."""
-        event = self._event(amount, self.serve_gets)
-        self.puts.append(event)
+    def put(self, amount: float, call: Callable[[Any], None] | None = None, arg: Any = None) -> None:
+        """Give back ``amount`` units; ``call(arg)`` once they are in."""
+        self.puts.append(self._ask(amount, call, arg))
         self.serve_puts()
-        return event
 
-    def _event(self, amount: float, then: Callable[[Any], None]) -> Soon:
+    @staticmethod
+    def _ask(amount: float, call: Callable[[Any], None] | None, arg: Any) -> Ask:
         if amount <= 0:
             raise ValueError(f"amount(={amount}) must be > 0.")
-        event = Soon(self.env)
-        event.amount = amount  # type: ignore[attr-defined]  # as SimPy's ContainerGet/ContainerPut hold it
-        event.callbacks.append(then)
-        return event
+        return Ask(amount, call, arg)
 
-    def serve_gets(self, _event: Any = None) -> None:
+    def serve_gets(self, _arg: Any = None) -> None:
         """Grant the gets waiting, from the head, while they fit."""
         gets = self.gets
-        while gets and self.level >= gets[0].amount:  # type: ignore[attr-defined]
-            event = gets.popleft()
-            self.level -= event.amount  # type: ignore[attr-defined]
-            event.succeed()
+        while gets and self.level >= gets[0].amount:
+            ask = gets.popleft()
+            self.level -= ask.amount
+            self.clock.call_now(self._got, ask)
 
-    def serve_puts(self, _event: Any = None) -> None:
+    def serve_puts(self, _arg: Any = None) -> None:
         """Take the puts waiting, from the head, while they fit."""
         puts = self.puts
-        while puts and self.capacity - self.level >= puts[0].amount:  # type: ignore[attr-defined]
-            event = puts.popleft()
-            self.level += event.amount  # type: ignore[attr-defined]
-            event.succeed()
+        while puts and self.capacity - self.level >= puts[0].amount:
+            ask = puts.popleft()
+            self.level += ask.amount
+            self.clock.call_now(self._put_in, ask)
+
+    def _got(self, ask: Ask) -> None:
+        """A get's entry: the puts waiting are served, then the get's call."""
+        self.serve_puts()
+        if ask.call is not None:
+            ask.call(ask.arg)
+
+    def _put_in(self, ask: Ask) -> None:
+        """A put's entry: the gets waiting are served, then the put's call."""
+        self.serve_gets()
+        if ask.call is not None:
+            ask.call(ask.arg)

@@ -3,8 +3,8 @@
 The executor is deterministic: what it does from a point on depends only on its state there and
 on the ops still to issue. At the start of each repetition (after the first) of a
 :class:`~offsim.schedule.ops.Repeat` (an iteration, or a micro-batch of gradient accumulation),
-once the SimPy step that began it has run, :class:`SteadyState` takes a :class:`Snapshot` of the
-whole state, relative to that moment: the events queued (when, relative to now, and what each
+once the clock's step that began it has run, :class:`SteadyState` takes a :class:`Snapshot` of the
+whole state, relative to that moment: the calls queued (when, relative to now, and what each
 will call), every op instance not finished (its op, its iteration and micro-batch relative to
 the repetition, who waits for it, when it started), the flows in progress with their bytes left,
 the pools and queues, the memory held (tensors keyed by their micro-batch relative to the
@@ -36,16 +36,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-import simpy
-from simpy.events import PENDING
-
 from offsim.engine.cache import Cache
 from offsim.engine.cursor import Frame
 from offsim.engine.flows import Flow as NetFlow
 from offsim.engine.flows import WakeToken
 from offsim.engine.hooks import FetchTracker, PolicyCache
 from offsim.engine.node import Node
-from offsim.engine.slots import Pool, Slots
+from offsim.engine.slots import Ask, Pool, Slots
 from offsim.schedule.ops import Access, TensorRef
 
 if TYPE_CHECKING:
@@ -134,7 +131,8 @@ class SteadyState:
         except OpaqueStateError:
             self.seen.pop(id(frame), None)
             return
-        now = _Seen(frame, frame.k, snap, ex.env.now, ex.rec.mark(), ex.events, _accesses(ex, frame), ex.choices_taken)
+        now = _Seen(frame, frame.k, snap, ex.clock.now_s, ex.rec.mark(), ex.events, _accesses(ex, frame),
+                    ex.choices_taken)
         prev = self.seen.get(id(frame))
         self.seen[id(frame)] = now
         if prev is None or prev.frame is not frame or prev.k != frame.k - 1 or prev.choices != now.choices:
@@ -227,18 +225,18 @@ class _Canon:
 
     def __init__(self, ex: Executor, frame: Frame, region: dict[str, int]) -> None:
         self.ex, self.frame, self.region = ex, frame, region
-        self.t0_s = ex.env.now
+        self.t0_s = ex.clock.now_s
         self.by_iteration = frame.repeat is not None and frame.repeat.axis == "iteration"
         self.times: list[float] = []
         self.values: list[float] = []
         self.node_index: dict[int, int] = {}
         self.nodes: list[Node] = []
-        self.event_index: dict[int, int] = {}
         self.flow_index: dict[int, int] = {}
         self.described: list[Any] = []
         self._start_positions = _accesses(ex, frame)
         self.known: dict[int, str] = {id(ex): "executor", id(ex.net): "network", id(ex.memory): "memory",
-                                      id(ex.env): "env", id(ex.copy_engines): "copy_engines", id(ex.rec): "recorder"}
+                                      id(ex.clock): "clock", id(ex.copy_engines): "copy_engines",
+                                      id(ex.rec): "recorder"}
         for name, pool in ex.pools.items():
             self.known[id(pool)] = f"pool {name}"
         for name, queue in ex.queues.items():
@@ -275,8 +273,6 @@ class _Canon:
             return x
         if isinstance(x, Node):
             return self.node(x)
-        if isinstance(x, simpy.Event):
-            return self.event(x)
         if isinstance(x, types.MethodType | types.FunctionType):
             return self.fn(x)
         if isinstance(x, tuple | list):
@@ -285,6 +281,8 @@ class _Canon:
             return tuple((self.val(k), self.val(v)) for k, v in x.items())
         if isinstance(x, NetFlow):
             return self.flow(x)
+        if isinstance(x, Ask):
+            return ("ask", x.amount, self.val(x.call), self.val(x.arg))
         if isinstance(x, WakeToken):
             return "live wake" if x is self.ex.net.wake_token else "stale wake"
         name = self.known.get(id(x))
@@ -327,15 +325,6 @@ class _Canon:
                                    self.val(n.request), tuple(self.val(w) for w in n.waiters)))
             k += 1
 
-    def event(self, e: simpy.Event) -> Any:
-        index = self.event_index.get(id(e))
-        if index is not None:
-            return ("event", index)
-        index = self.event_index[id(e)] = len(self.event_index)
-        value = None if e._value is PENDING else self.val(e._value)
-        callbacks = None if e.callbacks is None else tuple(self.val(c) for c in e.callbacks)
-        return ("event", index, type(e).__name__, e._value is PENDING, value, getattr(e, "amount", None), callbacks)
-
     def flow(self, f: NetFlow) -> Any:
         index = self.flow_index.get(id(f))
         if index is not None:
@@ -344,7 +333,7 @@ class _Canon:
         self.t(f.start_s)
         self.values += [f.remaining_bytes, f.rate_bytes_per_s]
         return ("flow", f.name, f.size_bytes, tuple(f.usage.items()), f.cap_bytes_per_s, self.val(f.meta),
-                self.val(f.done))
+                self.val(f.done), self.val(f.arg))
 
     # ---- caches
     def pos(self, cache_id: Any, position: int) -> Any:
@@ -394,24 +383,15 @@ def _program_counter(c: _Canon) -> Any:
 
 
 def _queue(c: _Canon) -> Any:
-    """The events queued, in the order they will be processed; a superseded wake-up of the flow
+    """The calls queued, in the order they will be processed; a superseded wake-up of the flow
     network is left out (it does nothing, and it neither moves nor reorders the others)."""
     out = []
-    for t_s, priority, _eid, event in sorted(c.ex.env._queue, key=lambda q: (q[0], q[1], q[2])):
-        if _stale_wake(c, event):
+    for t_s, _eid, call, arg in sorted(c.ex.clock.queue, key=lambda q: (q[0], q[1])):
+        if isinstance(arg, WakeToken) and arg is not c.ex.net.wake_token:
             continue
         c.t(t_s)
-        out.append((priority, c.val(event)))
+        out.append((c.val(call), c.val(arg)))
     return tuple(out)
-
-
-def _stale_wake(c: _Canon, event: simpy.Event) -> bool:
-    callbacks = event.callbacks or []
-    if len(callbacks) != 1 or not isinstance(callbacks[0], types.FunctionType):
-        return False
-    cells = callbacks[0].__closure__ or ()
-    tokens = [cell.cell_contents for cell in cells if isinstance(cell.cell_contents, WakeToken)]
-    return len(tokens) == 1 and tokens[0] is not c.ex.net.wake_token
 
 
 def _resource(c: _Canon, res: Any) -> Any:
@@ -419,8 +399,6 @@ def _resource(c: _Canon, res: Any) -> Any:
         return (res.used, c.val(list(res.waiting)))
     if isinstance(res, Pool):
         return (res.level, c.val(list(res.puts)), c.val(list(res.gets)))
-    if isinstance(res, simpy.Container):
-        return (res.level, c.val(list(res.put_queue)), c.val(list(res.get_queue)))
     raise OpaqueStateError(f"cannot compare a {type(res).__name__}")
 
 
@@ -595,11 +573,11 @@ class _Jump:
 
     def _clock(self) -> None:
         ex, dt = self.ex, self.dt_s
-        env = ex.env
-        queue = [(t + dt, p, eid, e) for t, p, eid, e in env._queue]
+        clock = ex.clock
+        queue = [(t + dt, eid, call, arg) for t, eid, call, arg in clock.queue]
         heapq.heapify(queue)
-        env._queue[:] = queue
-        env._now += dt
+        clock.queue[:] = queue
+        clock.now_s += dt
         ex.net.shift(dt)
         ex.end_s += dt
 
