@@ -69,10 +69,13 @@ def test_accumulation_round_trip_by_release(mode: str, lp_down: int) -> None:
 
 def test_copies_on_the_compute_stream_lengthen_backward_by_their_time() -> None:
     """``overlap_comm`` false: each layer's fp32 copy runs between its backward and the next
-    layer's, so backward = its compute (2 x forward: tiny has no recompute) + 4 B x P at 1 GB/s
-    = 2 x 0.0645682 + 0.2684723 = 0.3976 s; with ``overlap_comm`` the copies overlap it."""
-    m = simulate(_cfg(overlap_grad_offload=False)).metrics
-    assert m.phases_s.backward == pytest.approx(2 * m.phases_s.forward + 4 * P / 1e9, rel=1e-4)
+    layer's, so backward = its compute (2 x forward: tiny has no recompute) + the IPG bucket
+    copies (2 x 2 B x P at the HBM rate) + 4 B x P at 1 GB/s = 2 x 0.0645682 + 0.0002674 +
+    0.2684723 = 0.3979 s; with ``overlap_comm`` the copies overlap it."""
+    cfg = _cfg(overlap_grad_offload=False)
+    m = simulate(cfg).metrics
+    ipg_s = 4 * P / cfg.hardware.gpu.hbm_bytes_per_s
+    assert m.phases_s.backward == pytest.approx(2 * m.phases_s.forward + ipg_s + 4 * P / 1e9, rel=1e-5)
     overlapped = simulate(_cfg(overlap_grad_offload=True)).metrics.phases_s.backward
     assert overlapped < m.phases_s.backward - 0.1
 
@@ -82,13 +85,16 @@ def test_overlapped_copies_hold_backward_one_bucket_behind() -> None:
     previous layer's (``average_tensor``: ``torch.cuda.synchronize()`` in v0.3.x, later
     ``current_stream().wait_stream(reduction_stream)``). On tiny the 1 GB/s copies are slower than
     the compute, so backward ends when the copies of every layer but the last (the embedding,
-    8192 x 1024 x 4 B = 33,554,432 B) are done, the first starting after the LM head's backward:
-    backward = head backward + (4P - 33,554,432 B) / 1 GB/s = 0.0171799 + 0.2349179 s."""
-    result = simulate(_cfg(overlap_grad_offload=True))
+    8192 x 1024 x 4 B = 33,554,432 B) are done, the first starting after the LM head's backward
+    and its IPG bucket copy (8,389,632 elements x 2 x 2 B at the HBM rate): backward = 0.0171799 +
+    0.0000336 + (4P - 33,554,432 B) / 1 GB/s (0.2349179 s)."""
+    cfg = _cfg(overlap_grad_offload=True)
+    result = simulate(cfg)
     last = max(s.iteration for s in result.recorder.spans)
     head = next(s for s in result.recorder.spans
                 if s.iteration == last and s.kind == "backward" and s.layer == 5)
-    want = (head.end_s - head.start_s) + (4 * P - 8192 * 1024 * 4) / 1e9
+    head_ipg_s = 8_389_632 * 4 / cfg.hardware.gpu.hbm_bytes_per_s
+    want = (head.end_s - head.start_s) + head_ipg_s + (4 * P - 8192 * 1024 * 4) / 1e9
     assert result.metrics.phases_s.backward == pytest.approx(want, rel=1e-6)
 
 

@@ -53,10 +53,14 @@ def lp_d2h_on(mode: Z12AccumMode, first_mb: bool, last_mb: bool) -> bool:
 
 @dataclass(frozen=True)
 class Z12LayerGrads:
-    """One layer's copies (bytes of this rank's owned elements): ``reduce``, the data-parallel
-    reduction (None: one rank); ``lp_h2d`` / ``lp_d2h``, the 16-bit accumulator up / down;
-    ``gpu_add_s``, the GPU add of the accumulator; ``fp32_d2h``, the boundary's fp32 copy."""
+    """One layer's copies (bytes of this rank's owned elements): ``ipg_copy_s``, the compute
+    stream's copy of each gradient into the IPG bucket (all of the layer's elements, read and
+    written in 16 bits; ``reduce_independent_p_g_buckets_and_remove_grads`` with
+    ``contiguous_gradients``, which offload forces on); ``reduce``, the data-parallel reduction
+    (None: one rank); ``lp_h2d`` / ``lp_d2h``, the 16-bit accumulator up / down; ``gpu_add_s``,
+    the GPU add of the accumulator; ``fp32_d2h``, the boundary's fp32 copy."""
 
+    ipg_copy_s: float
     reduce: Flow | None
     lp_h2d: Flow
     lp_d2h: Flow
@@ -95,6 +99,8 @@ class Zero2Grads:
             return
         u = site.layer
         t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
+        b.add(Delay(g.ipg_copy_s), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
+                                       label="gradients copied into the IPG bucket"), COMPUTE)
         deps: list[int] = []
         if self.overlap:  # the compute stream waits for the previous bucket's copies
             deps.append(b.add(Acquire(Z12_INFLIGHT, 1), tag(

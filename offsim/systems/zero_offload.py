@@ -58,15 +58,18 @@ def on_deepspeed_z2_grads(cfg: RunConfig) -> bool:
 def _layer(c: Ctx, lay: Layer) -> Z12LayerGrads | None:
     """A layer's copies: its owned elements (``lay.params`` over the ZeRO-2 partition) at 2 B up
     and down, 4 B for the boundary's fp32 copy; the GPU add reads the gradient and the
-    temporary and writes the gradient (3 x 2 B per element at the HBM rate)."""
+    temporary and writes the gradient (3 x 2 B per element at the HBM rate), the IPG bucket copy
+    reads and writes every element of the layer (2 x 2 B)."""
     if lay.params <= 0:
         return None
     st, sz = c.st, c.sz
     local = lay.params / sz.grad_part
     lp = whole(local * c.bpp_grad)
     reduce = c.collective(lay.params * c.bpp_grad, 1.0)
-    add_s = 3 * local * c.bpp_grad / c.cfg.hardware.gpu.hbm_bytes_per_s
-    return Z12LayerGrads(reduce, c.paths.dma(True, lp, st.pin_memory), c.paths.dma(False, lp, st.pin_memory),
+    hbm = c.cfg.hardware.gpu.hbm_bytes_per_s
+    add_s = 3 * local * c.bpp_grad / hbm
+    return Z12LayerGrads(2 * lay.params * c.bpp_grad / hbm, reduce, c.paths.dma(True, lp, st.pin_memory),
+                         c.paths.dma(False, lp, st.pin_memory),
                          add_s, c.paths.dma(False, whole(local * c.sz.host_grad_bytes_per_param), st.pin_memory))
 
 
