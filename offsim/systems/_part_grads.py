@@ -5,13 +5,18 @@ the offload and DeepSpeed's ZeRO-3 gradient path, and the layer-wise CPU update.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from offsim.config.workload import DTYPE_BYTES
+from offsim.core.enums import Res
 from offsim.mechanisms.grads import GradBucket, Grads, LayerGrads, LayerUpdate
 from offsim.plan import footprint as fp
+from offsim.plan import host_pages
 from offsim.plan.deepspeed_versions import Z3Fp32GradCopy
 from offsim.plan.model import Layer, ReduceBucket, reduce_buckets
+from offsim.schedule.ops import Flow
 from offsim.systems._ctx import Ctx, whole
 from offsim.systems._part_optimizer import gpu_adam_bpp, optimizer_dram_bpp, storage
 
@@ -55,7 +60,8 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None, swap_pool_units: in
     if c.layerwise and on_gpu > 0:
         gpu_adam = lay.params / sz.opt_part * on_gpu * gpu_adam_bpp(c) / gpu.hbm_bytes_per_s
     nvme = st.placement.grads == "nvme"
-    ds = _deepspeed_grads(c, local, hg, swap_pool_units) if _on_deepspeed_grads(c) and part > 0 else {}
+    ds = _deepspeed_grads(c, local, hg, swap_pool_units, _fresh_temp_bytes(c, ((lay.index, lay.params),))) \
+        if _on_deepspeed_grads(c) and part > 0 else {}
     return LayerGrads(
         reduce, True, compress, whole(min(full, fp.grad_buffer_bytes(c.cfg, sz))),
         c.paths.dma(False, whole(part), st.pin_memory) if part > 0 else None,
@@ -91,7 +97,31 @@ def _swap_pool_bytes(c: Ctx) -> float:
     return c.st.optimizer_buffer_count * max(groups) * DTYPE_BYTES[c.cfg.workload.precision.master_params]
 
 
-def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int) -> dict[str, Any]:
+def _fresh_temp_bytes(c: Ctx, pieces: Iterable[tuple[int, float]]) -> float:
+    """Bytes of the 16-bit host temporaries of the v0.6.0-v0.15.3 boundary copy (one per parameter
+    partition, ``at::empty_like``) that are fresh mappings (:func:`offsim.plan.host_pages.fresh_bytes`),
+    for ``pieces`` ((layer, elements of it), as a reduce bucket holds them) on this rank."""
+    model, total = c.cfg.workload.model, 0.0
+    for u, n in pieces:
+        lay = c.layers[u]
+        parts = [math.ceil(t / c.sz.grad_part) * c.bpp_grad for t in fp.layer_tensors(model, lay)]
+        total += host_pages.fresh_bytes(parts) * n / lay.params * c.host_share[u]
+    return total
+
+
+def _with_first_touch(flow: Flow, fresh_bytes: float) -> Flow:
+    """A pageable D2H whose destination holds ``fresh_bytes`` of fresh pages: the host thread
+    that copies out of the driver's staging buffer faults them in first
+    (:func:`offsim.plan.host_pages.first_touch_s`), in series with the copy; the kernel zeroes
+    each page (one more DRAM write per fresh byte)."""
+    if fresh_bytes <= 0 or flow.nbytes <= 0:
+        return flow
+    seconds = flow.nbytes / flow.cap_bytes_per_s + host_pages.first_touch_s(fresh_bytes)
+    usage = tuple((r, k + fresh_bytes / flow.nbytes) if r is Res.DRAM else (r, k) for r, k in flow.usage)
+    return replace(flow, usage=usage, cap_bytes_per_s=flow.nbytes / seconds)
+
+
+def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fresh: float = 0.0) -> dict[str, Any]:
     """A layer's :class:`LayerGrads` fields on DeepSpeed's ZeRO-3 path (``local``: its gradient
     elements on this rank; ``hg``: host bytes per element; ``swap_pool_units``: the gradient
     swapper's pool when gradients are on NVMe, else 0). The round trip is pinned iff
@@ -99,7 +129,9 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int) -> d
     buffers is blocking (swap_tensor/utils.py ``SwapBuffer.insert_tensor``: a synchronous
     ``copy_``; deepspeed_runtime.md §7), pinned or pageable as :func:`_swap_buffers_pinned`
     says; else the copy into the fp32 gradient as the release's ``z3_fp32_grad_copy`` does it
-    (:class:`Z3Fp32GradCopy`). MLP-Offload's 16-bit host gradients (``delayed_grad_conversion``)
+    (:class:`Z3Fp32GradCopy`); ``fresh``: bytes of that copy's 16-bit host temporaries that are
+    fresh pages (:func:`_fresh_temp_bytes`), which the blocking CPU-upcast copy faults in
+    (:func:`_with_first_touch`). MLP-Offload's 16-bit host gradients (``delayed_grad_conversion``)
     have no boundary copy."""
     st = c.st
     fields: dict[str, Any] = {"roundtrip_h2d": c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory)}
@@ -112,8 +144,9 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int) -> d
             fields["swap_units"] = min(swap_pool_units, max(1, math.ceil(local * hg / SWAP_UNIT_BYTES)))
         return fields
     mode = Z3Fp32GradCopy(st.z3_fp32_grad_copy)
-    if mode is Z3Fp32GradCopy.CPU_UPCAST_BLOCKING:  # 16-bit D2H into a pageable temporary, CPU upcast
-        fields.update(boundary_d2h=c.paths.dma(False, whole(local * c.bpp_grad), False),
+    if mode is Z3Fp32GradCopy.CPU_UPCAST_BLOCKING:  # 16-bit D2H into a new pageable temporary, CPU upcast
+        d2h = _with_first_touch(c.paths.dma(False, whole(local * c.bpp_grad), False), fresh)
+        fields.update(boundary_d2h=d2h,
                       boundary_cast=c.paths.host_copy(whole(local * (c.bpp_grad + hg))), boundary_blocking=True)
     elif mode is Z3Fp32GradCopy.BOUNCE_SYNC:  # fp32 D2H into a pinned bounce buffer, sync, CPU copy
         fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), True),
@@ -135,7 +168,7 @@ def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGr
     local = sum(n / sz.grad_part * c.host_share[u] for u, n in bucket.pieces)
     hg = sz.host_grad_bytes_per_param
     nvme = st.placement.grads == "nvme"
-    ds = _deepspeed_grads(c, local, hg, swap_pool_units) if local > 0 else {}
+    ds = _deepspeed_grads(c, local, hg, swap_pool_units, _fresh_temp_bytes(c, bucket.pieces)) if local > 0 else {}
     return LayerGrads(c.collective(full, 1.0 if st.zero_stage >= 2 else 2.0), True, buffer_bytes=whole(full),
                       d2h=c.paths.dma(False, whole(local * c.bpp_grad), st.pin_memory) if local > 0 else None,
                       nvme_write=c.paths.nvme(False, whole(local * hg)) if nvme and local > 0 else None, **ds)
