@@ -24,18 +24,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, Tier
+from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE, grad16
 from offsim.mechanisms.grads import grad_home
 from offsim.plan.deepspeed_versions import Z12AccumMode
-from offsim.schedule.ops import Acquire, Delay, Flow, Join, PoolSpec, Release, StreamSpec, Wait
+from offsim.schedule.ops import (
+    CUR_MB,
+    Acquire,
+    Alloc,
+    Delay,
+    Flow,
+    Free,
+    Join,
+    PoolSpec,
+    Release,
+    StreamSpec,
+    TensorRef,
+    Wait,
+)
 
 #: the stream ``copy_grads_in_partition`` runs on (the compute stream's neighbour when
 #: ``overlap_comm`` is false: the mechanism then makes the compute stream wait for it)
 Z12_STREAM = "z12_grads"
 #: one bucket's copies in flight before the compute stream waits (``overlap_comm`` true)
 Z12_INFLIGHT = "z12_inflight"
+#: the IPG bucket buffer(s) and the offload temporary: allocated when backward starts and freed at
+#: its end (stage2.py ``backward`` makes ``ipg_buffer``; ``independent_gradient_partition_epilogue``
+#: -> ``_release_ipg_buffers``)
+IPG_BUFFERS = TensorRef(TensorKind.BUFFER, unit=-1, group=-2, mb=CUR_MB)
 
 
 def lp_d2h_on(mode: Z12AccumMode, first_mb: bool, last_mb: bool) -> bool:
@@ -99,6 +116,8 @@ class Zero2Grads:
             return
         u = site.layer
         t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
+        if site.position == 0:
+            b.add(Alloc(Tier.GPU, self.gpu_buffer_bytes, IPG_BUFFERS), t)
         b.add(Delay(g.ipg_copy_s), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
                                        label="gradients copied into the IPG bucket"), COMPUTE)
         deps: list[int] = []
@@ -109,6 +128,8 @@ class Zero2Grads:
         last = b.add(Join(), t, Z12_STREAM, after=deps, reads=(grad16(u),))
         last = self._copies(b, site, g, last)
         end = b.add(Join(), t, after=[last], writes=(grad_home(u),))
+        if u == 0:  # the last layer of backward: the epilogue releases the buffers
+            b.add(Free(Tier.GPU, IPG_BUFFERS), t, after=[end])
         if self.overlap:
             b.add(Release(Z12_INFLIGHT, 1), t, after=[end])
         else:
