@@ -180,6 +180,13 @@ class Strategy(Frozen):
     grad_compression_flop_per_param: float = Field(default=0.0, ge=0)
     activation_checkpointing: bool | None = None
     host_allocator: Literal["caching", "exact"] = "caching"
+    zero3_tiles_per_linear: int = Field(
+        default=1, ge=1,
+        description="ZeRO-3 memory-centric tiling (deepspeed.zero.TiledLinear, runtime/zero/tiling.py; "
+                    "ZeRO-Infinity arXiv 2104.07857 Sec. 5.1.3): each transformer-block Linear is built by the "
+                    "model code as this many tiles (in_splits x out_splits), each its own submodule that "
+                    "ZeRO-3 gathers and releases alone; 1: no tiling, DeepSpeed's default (opt-in, model code)",
+    )
     # DeepSpeed ZeRO-3 offload host buffers (v0.16.9 source) and MemAscend's fixes (Liaw and
     # Chen, arXiv 2505.23254): used when the strategy runs DeepSpeed's ZeRO-3 offload path
     # (offsim.plan.footprint.deepspeed_zero3_offload); the defaults are DeepSpeed's behaviour.
