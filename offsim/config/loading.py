@@ -8,6 +8,7 @@ field and what was expected, and are :class:`~offsim.errors.ConfigError`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from functools import cache
@@ -47,28 +48,37 @@ MAX_FILE_BYTES = 8 * 2**20
 MAX_EXPANDED_NODES = 200_000
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``1e9`` as a float (YAML 1.2) and refuses duplicate keys."""
+def _refuse_duplicate_keys(loader: Any, node: yaml.MappingNode) -> None:
+    """Raise on the same key twice in ``node``, naming its line (merge keys ``<<`` aside)."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, list | dict):
+            continue  # unhashable: left to the schema to refuse
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key '{key}' (first on line {seen[key]})",
+                key_node.start_mark)
+        seen[key] = line
+
+
+class _Constructor(yaml.constructor.SafeConstructor):
+    """PyYAML's safe constructor, refusing duplicate keys."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         """A mapping; the same key twice is an error naming its line (merge keys ``<<`` aside)."""
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, list | dict):
-                continue  # unhashable: left to the schema to refuse
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key '{key}' (first on line {seen[key]})",
-                    key_node.start_mark)
-            seen[key] = line
+        _refuse_duplicate_keys(self, node)
         return super().construct_mapping(node, deep=deep)
 
 
-_Loader.add_implicit_resolver(
+class _Resolver(yaml.resolver.Resolver):
+    """PyYAML's resolver, reading ``1e9`` as a float (YAML 1.2)."""
+
+
+_Resolver.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(
         r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -80,6 +90,86 @@ _Loader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
+
+
+class _Loader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer,
+              _Constructor, _Resolver):
+    """``yaml.SafeLoader`` (the same parts, in Python) that reads ``1e9`` as a float (YAML 1.2) and
+    refuses duplicate keys."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        _Constructor.__init__(self)
+        _Resolver.__init__(self)
+
+
+#: Deepest nesting the libyaml path composes; a deeper document is read by :class:`_Loader` alone,
+#: whose recursion limit decides it as it always did (the shipped files nest at most 6 deep).
+LIBYAML_MAX_DEPTH = 64
+
+
+class _TooDeepError(Exception):
+    """A document nested past :data:`LIBYAML_MAX_DEPTH` (left to :class:`_Loader`)."""
+
+
+@cache
+def _libyaml_loader() -> type | None:
+    """:class:`_Loader` with libyaml's scanner and parser (PyYAML's ``CParser``), or None where
+    PyYAML was built without libyaml.
+
+    Only the events come from C: the nodes are composed by PyYAML's Python ``Composer`` and
+    built by :class:`_Loader`'s own constructor and resolver, so a file gives the same values
+    (issue 16: the three files of ``offsim run`` took ~8 ms to parse in Python,
+    ~1 ms so). Not ``yaml.CSafeLoader`` itself: its C composer recurses without a limit, and a file
+    nested 100,000 deep crashes the process where :class:`_Loader` reports a RecursionError.
+    """
+    if not yaml.__with_libyaml__:
+        return None
+    from yaml.cyaml import CParser
+
+    class _LibyamlLoader(yaml.composer.Composer, CParser, _Constructor, _Resolver):  # type: ignore[misc]
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            yaml.composer.Composer.__init__(self)
+            _Constructor.__init__(self)
+            _Resolver.__init__(self)
+            self.depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self.depth += 1
+            if self.depth > LIBYAML_MAX_DEPTH:
+                raise _TooDeepError
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return _LibyamlLoader
+
+
+def _compose(text: str) -> tuple[Any, yaml.Node | None]:
+    """A loader and the node tree of ``text``'s one document.
+
+    libyaml's parser (:func:`_libyaml_loader`) where it is sure to read the text as PyYAML's does;
+    else, and on any problem, :class:`_Loader`, which raises the error it always raised. Left to
+    :class:`_Loader`: a text with a tab (libyaml accepts tabs as separators where PyYAML refuses
+    them, e.g. ``a:<tab>1``), a document nested past :data:`LIBYAML_MAX_DEPTH`, anything libyaml
+    refuses (PyYAML's message is kept).
+    """
+    fast = _libyaml_loader()
+    if fast is not None and "\t" not in text:
+        with contextlib.suppress(Exception):  # any problem: PyYAML's own parser reports it below
+            loader = fast(text)
+            return loader, loader.get_single_node()
+    loader = _Loader(text)
+    try:
+        return loader, loader.get_single_node()
+    except BaseException:
+        loader.dispose()
+        raise
 
 
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
@@ -100,9 +190,8 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
 
 def _parse_yaml(text: str, path: Path) -> Any:
     """One YAML document, refused when its aliases expand past :data:`MAX_EXPANDED_NODES`."""
-    loader = _Loader(text)
+    loader, node = _compose(text)
     try:
-        node = loader.get_single_node()
         if node is None:
             return None
         if _expanded_size(node, {}) > MAX_EXPANDED_NODES:
