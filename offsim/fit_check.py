@@ -101,11 +101,6 @@ class TierMargin:
     verdict: str
     sentence: str
 
-    def short(self) -> str:
-        """``+4.95 ± 2.05`` or ``-20.00`` GiB to spare, with the verdict: a table cell."""
-        spread = f" ± {self.uncertainty_bytes / GiB:.2f}" if self.tier == "gpu" else ""
-        return f"{self.spare_bytes / GiB:+.2f}{spread} {self.verdict}"
-
     def to_dict(self) -> dict[str, float | str]:
         """JSON-ready form."""
         return {"tier": self.tier, "need_bytes": self.need_bytes, "capacity_bytes": self.capacity_bytes,

@@ -128,10 +128,15 @@ def test_fit_json_fields(main_example: tuple[int, Any]) -> None:
     assert doc["params_total"] == doc["params_active"] == load_workload("llama2-7b").model.total_params
     assert {r["strategy"] for r in doc["strategies"]} == set(shipped_files("strategy"))
     for row in doc["strategies"]:
-        assert {"strategy", "notes", "status", "fits", "iteration_time_s", "tokens_per_s", "tiers", "reason",
-                "simulated_peak_bytes", "deepspeed"} <= set(row)
+        assert {"strategy", "notes", "status", "fits", "iteration_time_s", "tokens_per_s", "tiers", "margins",
+                "reason", "simulated_peak_bytes", "deepspeed"} <= set(row)
     fitting = [r for r in doc["strategies"] if r["fits"]]
     assert fitting and all(set(r["tiers"]) == {"gpu", "host_pinned", "host", "nvme"} for r in fitting)
+    for row in fitting:  # each tier's verdict with its margin: the GPU's first, then those that hold something
+        tiers = [m["tier"] for m in row["margins"]]
+        assert tiers[0] == "gpu" and set(tiers) <= set(row["tiers"])
+        assert row["margins"][0]["verdict"] in ("fits", "marginal")  # marginal is accepted (gpu_memory.md §4)
+        assert all(m["spare_bytes"] >= 0 and m["verdict"] == "fits" for m in row["margins"][1:])
     for row in fitting:
         for rep in row["tiers"].values():
             assert rep["peak_bytes"] <= rep["capacity_bytes"]

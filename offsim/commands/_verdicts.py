@@ -60,4 +60,4 @@ def print_run_margins(cfg: RunConfig) -> None:
     (where the simulation overflowed a tier the planner passed, every line may say it fits)."""
     console.print("the planner's verdict per tier, with its margin:", highlight=False)
     for m in run_margins(cfg):
-        console.print(f"  {escape(m.sentence)}", highlight=False)
+        console.print(f"  {escape(m.sentence)}", highlight=False, soft_wrap=True)

@@ -77,7 +77,11 @@ def fit(
     quiet: opt.Quiet = False,
 ) -> None:
     """Does it fit (GPU, pinned host, host, NVMe), with which strategy, and how fast; with
-    DeepSpeed's memory estimator for the same model. Exit 1 when no strategy fits."""
+    DeepSpeed's memory estimator for the same model. Exit 1 when no strategy fits.
+
+    Each tier's verdict is stated with its margin: GiB to spare, or short; the GPU's with its
+    uncertainty (allocator fragmentation and the memory outside PyTorch's pool, fits / marginal /
+    out of memory); --json gives each tier's sentence."""
     check_out_file(out)
     hw, wl, given = _load_inputs(hardware, workload, strategy)
     found = _assess_all(hw, wl, given, iterations, warmup, enabled=not (quiet or as_json))
@@ -179,6 +183,8 @@ def assess(hw: Any, wl: Any, strategy: str, iterations: int, warmup: int) -> Ass
     does not combine with this hardware or workload), ``fits``, ``iteration_time_s`` and
     ``tokens_per_s`` (null unless simulated), ``tiers`` (:func:`tier_report`), ``startup``
     (:func:`startup_report`: the host peak while the model is loaded and the optimizer built),
+    ``margins`` (each tier's verdict with its margin in training, :meth:`offsim.fit_check.TierMargin.to_dict`:
+    the GPU's with the allocator's margin, gpu_memory.md §4; empty when it cannot run),
     ``simulated_peak_bytes``, ``reason`` (tier, ``when``: ``training``, the start-up phase or
     ``simulation``; need, capacity and text; null when it fits), ``deepspeed`` (filled by
     :func:`fit_report`). A strategy fits when every tier fits in training and at start-up and
@@ -186,13 +192,13 @@ def assess(hw: Any, wl: Any, strategy: str, iterations: int, warmup: int) -> Ass
     from offsim import make_run_config
     from offsim.api import resolve
     from offsim.errors import OffsimError
-    from offsim.fit_check import footprint
+    from offsim.fit_check import footprint, tier_margins
     from offsim.plan.footprint import state_sizes
     from offsim.plan.startup import startup_peak
 
     row: dict[str, Any] = {"strategy": strategy, "notes": [], "status": "cannot-run", "fits": False,
-                           "iteration_time_s": None, "tokens_per_s": None, "tiers": {}, "startup": None,
-                           "simulated_peak_bytes": None, "reason": None, "deepspeed": None}
+                           "iteration_time_s": None, "tokens_per_s": None, "tiers": {}, "margins": [],
+                           "startup": None, "simulated_peak_bytes": None, "reason": None, "deepspeed": None}
     try:
         cfg = resolve(make_run_config(hw, wl, strategy, iterations=iterations, warmup_iterations=warmup))
         sz = state_sizes(cfg)
@@ -202,6 +208,7 @@ def assess(hw: Any, wl: Any, strategy: str, iterations: int, warmup: int) -> Ass
         return Assessment(row)
     row["notes"] = list(getattr(cfg, "notes", ()))
     row["tiers"] = tier_report(fp, hw.nvme is not None, hw.pfs is not None)
+    row["margins"] = [m.to_dict() for m in tier_margins(fp)]
     row["startup"] = startup_report(startup_peak(cfg, sz, fp), fp.capacity_bytes)
     reason = _plan_overflow(row["tiers"], fp.first_overflow(), "training") \
         or _plan_overflow(row["startup"]["tiers"], _first_over(row["startup"]["tiers"]), row["startup"]["phase"])
@@ -408,6 +415,7 @@ def _print_report(report: dict[str, Any], quiet: bool) -> None:
     if quiet:
         return
     _print_strategies(rows)
+    _print_margins(rows)
     for row in rows:
         if not row["fits"]:
             what = "does not fit" if row["status"] == "does-not-fit" else "cannot run here"
@@ -445,6 +453,38 @@ def _print_strategies(rows: list[dict[str, Any]]) -> None:
         cells += [_tier_cell(start.get(tier)) for tier in STARTUP_TIERS]
         t.add_row(escape(row["strategy"]), time, speed, *cells, escape(_fullest(row["tiers"], start)))
     wide.print(t)
+
+
+def _print_margins(rows: list[dict[str, Any]]) -> None:
+    """Each strategy's verdict per tier with its margin (:func:`offsim.fit_check.tier_margins`),
+    and at start-up the pinned and host capacity less the start-up peak; the GPU's rule under it."""
+    from offsim.commands._verdicts import gpu_margin_note, margin_cell
+
+    assessed = [r for r in rows if r["margins"]]
+    if not assessed:
+        return
+    tiers = [t for t in TIER_LABELS if any(m["tier"] == t for r in assessed for m in r["margins"])]
+    t = Table(title="verdict per tier with its margin (GiB to spare, or short; GPU per GPU, the others per node)")
+    t.add_column("strategy", no_wrap=True)
+    for tier in tiers:
+        t.add_column(TIER_LABELS[tier], justify="right")
+    for tier in STARTUP_TIERS:
+        t.add_column(f"start-up {TIER_LABELS[tier]}", justify="right")
+    for row in assessed:
+        by_tier = {m["tier"]: m for m in row["margins"]}
+        start = (row["startup"] or {"tiers": {}})["tiers"]
+        t.add_row(escape(row["strategy"]), *(margin_cell(by_tier.get(tier)) for tier in tiers),
+                  *(margin_cell(_startup_margin(tier, start.get(tier))) for tier in STARTUP_TIERS))
+    wide.print(t)
+    say(gpu_margin_note())
+
+
+def _startup_margin(tier: str, rep: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A start-up tier's report as a margin (capacity less peak), for :func:`margin_cell`."""
+    if rep is None or rep["peak_bytes"] <= 0:
+        return None
+    return {"tier": tier, "spare_bytes": rep["capacity_bytes"] - rep["peak_bytes"], "uncertainty_bytes": 0.0,
+            "verdict": "fits" if rep["fits"] else "out of memory"}
 
 
 def _tier_cell(rep: dict[str, Any] | None) -> str:

@@ -63,7 +63,11 @@ def validate(
     prediction interval per figure (p10-p90 from the held-out errors of other sources and, with
     --samples, from the assumed inputs' ranges), with their coverage; exit 1 when a case misses its
     tolerance. With --real, train for real (PyTorch) on -H/-w and compare per phase with the
-    simulation of the same setup."""
+    simulation of the same setup.
+
+    Under the table, each verdict of fit that is judged (an out-of-memory case, a verdict-only
+    case, a rejection, a wrong verdict) or near the edge (a marginal GPU) is stated with the GPU's
+    margin, GiB to spare or short with its uncertainty, and the tier that rejects the run."""
     check_out_file(out)
     if holdout not in ("source", "case"):
         fail(f"--holdout {holdout}: give 'source' or 'case'")
@@ -84,14 +88,22 @@ def validate(
                                   "coverage": [c.to_dict() for c in stats]}})
     else:
         if not quiet:
-            console.print(_cases_table(rows))
-            console.print(_medians_table(summary))
-            console.print(_intervals_table(figures))
-            console.print(_coverage_table(stats))
+            _print_tables(rows, results, summary, figures, stats)
         for line in [*_summary_lines(summary), *_coverage_lines(stats, samples, holdout)]:
             say(line)
     if not summary.ok:
         raise typer.Exit(ExitCode.NO)
+
+
+def _print_tables(rows: list[dict[str, Any]], results: list[CaseResult], summary: Summary,
+                  figures: list[FigureIntervals], stats: list[CoverageStats]) -> None:
+    """The cases with the verdicts of fit under them, the medians, the intervals and their coverage."""
+    console.print(_cases_table(rows))
+    for line in verdict_lines(results):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    console.print(_medians_table(summary))
+    console.print(_intervals_table(figures))
+    console.print(_coverage_table(stats))
 
 
 def _run_cases(cases: Path | None, samples: int, assumptions: Path | None, seed: int, *, progress: bool
@@ -165,6 +177,49 @@ def _cases_table(rows: list[dict[str, Any]]) -> Table:
         t.add_row(case, verdict, escape(r["metric"]), _fmt(r["measured"]), _fmt(r["predicted"]),
                   _pct(r["error"]), tol, ok)
     return t
+
+
+def is_verdict_case(r: CaseResult) -> bool:
+    """A case whose verdict of fit is judged or near the edge: a verdict only (no figure), an
+    outcome of out of memory, a run offsim rejects, a wrong verdict, or a GPU that is marginal
+    (:class:`~offsim.plan.footprint.GpuMargin`: its sentence ends with the verdict)."""
+    from offsim.plan.footprint import GpuVerdict
+    from offsim.validation import Outcome
+
+    marginal = r.gpu_margin is not None and r.gpu_margin.endswith(GpuVerdict.MARGINAL.value)
+    return (not r.measures or r.case.outcome is Outcome.OOM or not r.feasible or not r.verdict_ok
+            or marginal)
+
+
+def verdict_lines(results: list[CaseResult]) -> list[str]:
+    """Under the cases table, one line per verdict case (:func:`is_verdict_case`): what happened
+    (ran or out of memory), offsim's verdict and whether it is right, the GPU verdict with its
+    margin (gpu_memory.md §4, what it counts said once above) and, where another tier rejects the
+    run, that tier's need and capacity."""
+    cases = [r for r in results if is_verdict_case(r)]
+    if not cases:
+        return []
+    from offsim.plan.footprint import FRAGMENTATION_SHARE
+
+    lines = [f"verdicts of fit (judged, or near the edge), with the GPU's margin per rank (counting "
+             f"{FRAGMENTATION_SHARE:.0%} allocator fragmentation and the memory outside PyTorch's pool, "
+             f"gpu_memory.md §4) and the tier that rejects:"]
+    for r in cases:
+        verdict = "offsim accepts" if r.feasible else "offsim rejects"
+        right = "right" if r.verdict_ok else "WRONG"
+        other = r.infeasible_reason if not r.feasible and not (r.infeasible_reason or "").startswith("gpu") else None
+        why = "" if other is None else f"; {other.split(' (')[0]}"
+        lines.append(f"  {r.case.id}: {r.case.outcome}, {verdict} ({right}): GPU {_short_margin(r.gpu_margin)}{why}")
+    return lines
+
+
+def _short_margin(sentence: str | None) -> str:
+    """The GPU margin's sentence (:meth:`~offsim.plan.footprint.GpuMargin.sentence`) without what it
+    counts (said once above the lines): ``short by 0.52 ± 1.25 GiB: marginal``."""
+    if sentence is None:
+        return "-"
+    head, counting, tail = sentence.partition(" counting ")
+    return f"{head}: {tail.rsplit(': ', 1)[-1]}" if counting else sentence
 
 
 def _medians_table(summary: Summary) -> Table:
