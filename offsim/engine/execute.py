@@ -86,6 +86,9 @@ def duplex_rule(efficiency: float) -> Callable[[set[str], dict[str, float]], dic
     return rule
 
 
+#: the meta of the executor's flows (each flow's op instance is its ``arg``)
+_NO_META: dict[str, object] = {}
+
 #: span names: what an activity moves (display only)
 _NOUN = {
     Activity.PARAM_FETCH: "params", Activity.PARAM_GATHER: "params all-gather", Activity.PARAM_UPDATE: "params",
@@ -109,39 +112,42 @@ class _OpInfo:
         queue: the slot of the out-of-order stream it runs on (None: none).
         access: it is a cache :class:`~offsim.schedule.ops.Access`.
         start: what starting it does.
+        then: what an instance does once its dependencies have finished (start, or queue on its stream).
         name: the span name of a kernel or a flow ("": another op).
         usage: a flow's usage per resource name (None: not a flow).
+        flow_key: a flow's usage and cap as the network keys them (-1: not started yet).
         after: the op's ``after`` (indices in its block).
         activity: the op's activity, as spans name it.
         links: a flow's links, as spans name them (one span each).
     """
 
-    __slots__ = ("access", "activity", "after", "links", "main", "name", "op", "ordered", "phase", "queue", "start",
-                 "usage")
+    __slots__ = ("access", "activity", "after", "flow_key", "links", "main", "name", "op", "ordered", "phase", "queue",
+                 "start", "then", "usage")
 
     def __init__(self, ex: Executor, op: Op) -> None:
         body, tag = op.body, op.tag
-        kind = type(body)
         self.op = op
         self.after = op.after
-        self.phase = ex._str(tag.phase)
-        self.main, self.queue, self.ordered = ex._stream_roles(op.stream)
-        self.access = kind is Access or isinstance(body, Access)
-        start = ex._starters.get(kind)
-        if start is None:  # a hook, or a subclass of a body the executor starts (then kept for its type)
-            start = ex._starters[kind] = next((f for t, f in ex._starters.items() if isinstance(body, t)), ex._hook)
-        self.start: Callable[[Node], None] = start
-        flow = start is ex._starters[Flow]  # (the bound methods the table holds)
-        if flow or start is ex._starters[Delay]:
+        self.flow_key = -1  # a flow's key in the network's memo of rates, once checked (-1: not yet)
+        role = ex._roles.get((type(body), op.stream, tag.phase))
+        if role is None:
+            role = ex._role(body, op.stream, tag.phase)
+        self.phase, self.main, self.queue, self.ordered, self.access, self.start, self.then, flow, kernel = role
+        if flow or kernel:
             self.name = ex._what_op(op)
             self.activity = ex._str(tag.activity)
         else:  # not recorded as a span (:meth:`Executor._what` names them)
             self.name = self.activity = ""
-        if flow:
-            self.usage: dict[str, float] | None = {str(r): c for r, c in body.usage}  # type: ignore[union-attr]
-            self.links: tuple[str, ...] = tuple(map(str, body.links))  # type: ignore[union-attr]
+        if flow:  # the same dict and tuple for every flow of equal usage and links
+            self.usage: dict[str, float] | None = ex._usage(body.usage)  # type: ignore[union-attr]
+            self.links: tuple[str, ...] = ex._links(body.links)  # type: ignore[union-attr]
         else:
             self.usage, self.links = None, ()
+
+
+#: what an op's body type, stream and phase decide of its :class:`_OpInfo`: phase (as spans name
+#: it), main, queue, ordered, access, start, then, it is a flow, it is a kernel (a ``Delay``)
+_Role = tuple[str, bool, "Slots | None", bool, bool, Callable[["Node"], None], Callable[["Node"], None], bool, bool]
 
 
 class Executor:
@@ -186,7 +192,9 @@ class Executor:
             Acquire: self._start_acquire, Release: self._start_release, Join: self._finish, Choose: self._choose}
         self._infos: dict[int, _OpInfo] = {}  # per template op (by id; the info keeps the op alive)
         self._strs: dict[object, str] = {}
-        self._roles: dict[str | None, tuple[bool, Slots | None, bool]] = {}
+        self._roles: dict[tuple[type, str | None, Phase], _Role] = {}
+        self._usages: dict[tuple[tuple[object, float], ...], dict[str, float]] = {}
+        self._link_names: dict[tuple[object, ...], tuple[str, ...]] = {}
 
     def _str(self, value: object) -> str:
         """``str(value)`` of an enum member, kept once made (for :class:`_OpInfo`)."""
@@ -195,15 +203,36 @@ class Executor:
             text = self._strs[value] = str(value)
         return text
 
-    def _stream_roles(self, stream: str | None) -> tuple[bool, Slots | None, bool]:
-        """An op's stream's roles: it records stalls (main), its slot if it runs out of order,
-        it is in order (for :class:`_OpInfo`; worked out once per stream)."""
-        roles = self._roles.get(stream)
-        if roles is None:
-            queue = self.queues.get(stream) if stream is not None else None
-            roles = self._roles[stream] = (stream is not None and stream == self.main, queue,
-                                           stream is not None and queue is None)
-        return roles
+    def _role(self, body: object, stream: str | None, phase: Phase) -> _Role:
+        """What an op's body type, stream and phase decide of its :class:`_OpInfo` (worked out
+        once per combination: issue 16). Main: the stream records stalls; queue: the stream's
+        slot if it runs out of order; ordered: it runs in order."""
+        kind = type(body)
+        start = self._starters.get(kind)
+        if start is None:  # a hook, or a subclass of a body the executor starts (then kept for its type)
+            start = self._starters[kind] = next((f for t, f in self._starters.items() if isinstance(body, t)),
+                                                self._hook)
+        queue = self.queues.get(stream) if stream is not None else None
+        role: _Role = (self._str(phase), stream is not None and stream == self.main, queue,
+                       stream is not None and queue is None, kind is Access or isinstance(body, Access), start,
+                       self._start if queue is None else self._enqueue,
+                       start == self._starters[Flow], start == self._starters[Delay])
+        self._roles[(kind, stream, phase)] = role
+        return role
+
+    def _usage(self, usage: tuple[tuple[object, float], ...]) -> dict[str, float]:
+        """A flow's usage per resource name (one dict per usage met)."""
+        named = self._usages.get(usage)
+        if named is None:
+            named = self._usages[usage] = {str(r): c for r, c in usage}
+        return named
+
+    def _links(self, links: tuple[object, ...]) -> tuple[str, ...]:
+        """A flow's links as spans name them (one tuple per set met)."""
+        names = self._link_names.get(links)
+        if names is None:
+            names = self._link_names[links] = tuple(map(str, links))
+        return names
 
     def _info(self, op: Op) -> _OpInfo:
         """The op's :class:`_OpInfo` (worked out on its first instance)."""
@@ -296,7 +325,8 @@ class Executor:
                 node = Node(op, iteration, micro_batch, info.phase, info)
                 nodes.append(node)
                 after = info.after
-                self._issue(node, [nodes[a] for a in after] if after else [], micro_batch)
+                self._issue(node, ([nodes[after[0]]] if len(after) == 1 else [nodes[a] for a in after]) if after
+                            else [], micro_batch)
                 if info.main and not node.finished:
                     node.waiters.append(self._advance)
                     return
@@ -326,7 +356,7 @@ class Executor:
             self.caches[op.body.cache].on_issue(node)  # type: ignore[union-attr]
         node.head_s = self.clock.now_s
         # :meth:`_wait_all`, inlined (issue 16: once per op instance)
-        then = node.then = self._start if info.queue is None else self._enqueue
+        then = node.then = info.then
         pending = 0
         for d in dict.fromkeys(deps) if len(deps) > 1 else deps:
             if not d.finished:
@@ -471,21 +501,25 @@ class Executor:
         self._finish(node)
 
     def _start_flow(self, node: Node) -> None:
-        body = node.op.body
-        assert isinstance(body, Flow)
-        if body.copy_engine:
+        if node.op.body.copy_engine:  # type: ignore[union-attr]
             self.copy_engines.request(self._dma_go, node)
-            return
-        info = node.info
-        self.net.start(body.nbytes, info.usage, body.cap_bytes_per_s, {"node": node, "name": info.name},  # type: ignore[arg-type]
-                       self._finish, node)
+        else:
+            self._flow(node, self._finish)
 
     def _dma_go(self, node: Node) -> None:
         """A copy engine is granted: the DMA's flow starts, and gives the engine back at its end."""
+        self._flow(node, self._dma_end)
+
+    def _flow(self, node: Node, done: Callable[[Node], None]) -> None:
+        """Start the op's flow; ``done(node)`` at its end (its usage and cap checked and keyed by
+        the network at the op's first instance)."""
         body: Flow = node.op.body  # type: ignore[assignment]
         info = node.info
-        self.net.start(body.nbytes, info.usage, body.cap_bytes_per_s, {"node": node, "name": info.name},  # type: ignore[arg-type]
-                       self._dma_end, node)
+        usage: dict[str, float] = info.usage  # type: ignore[assignment]
+        key = info.flow_key
+        if key < 0:
+            key = info.flow_key = self.net.key(info.name, usage, body.cap_bytes_per_s)
+        self.net.start_keyed(info.name, body.nbytes, usage, body.cap_bytes_per_s, key, _NO_META, done, node)
 
     def _dma_end(self, node: Node) -> None:
         self.copy_engines.release()
@@ -553,7 +587,7 @@ class Executor:
         self._finish(node)
 
     def _flow_done(self, flow: NetFlow) -> None:
-        node: Node = flow.meta["node"]
+        node: Node = flow.arg
         info = node.info
         append, layer, now = self.rec.spans.append, node.op.tag.layer, self.clock.now_s
         for link in info.links:

@@ -169,19 +169,31 @@ class FlowNetwork:
         name = meta.get("name", "flow")
         if type(name) is not str:
             name = str(name)
+        self.start_keyed(name, size_bytes, usage, cap_bytes_per_s, self.key(name, usage, cap_bytes_per_s), meta,
+                         done, arg)
+
+    def key(self, name: str, usage: dict[str, float], cap_bytes_per_s: float) -> int:
+        """Check a flow's usage and cap (``name`` names it in messages); returns the key that
+        names them in the memo of rates (the same for every flow with the same usage and cap)."""
         if not usage.keys() <= self.capacity.keys():
             unknown = set(usage) - set(self.capacity)
             raise KeyError(f"flow {name!r} uses unknown resources {sorted(unknown)}")
         if cap_bytes_per_s <= 0:
             raise ValueError(f"flow {name!r} needs a positive rate cap")
-        flow = Flow(name, size_bytes, usage, cap_bytes_per_s, done, self.clock.now_s, meta, arg, size_bytes)
-        if size_bytes <= 0:
-            self._finish(flow)
-            return
         what = (tuple(usage.items()), cap_bytes_per_s)
         key = self._keys.get(what)
         if key is None:
             key = self._keys[what] = len(self._keys)
+        return key
+
+    def start_keyed(self, name: str, size_bytes: float, usage: dict[str, float], cap_bytes_per_s: float, key: int,
+                    meta: dict[str, Any], done: Callable[[Any], None] | None, arg: Any) -> None:
+        """:meth:`start` with the usage and cap checked and keyed by :meth:`key` (the executor
+        does that once per op, issue 16)."""
+        flow = Flow(name, size_bytes, usage, cap_bytes_per_s, done, self.clock.now_s, meta, arg, size_bytes)
+        if size_bytes <= 0:
+            self._finish(flow)
+            return
         flow.key = key
         flow.finished_below_bytes = max(1e-6, _EPS * size_bytes)
         self._advance()
