@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -84,6 +85,12 @@ def test_fit_states_every_tiers_margin(tmp_path: Path) -> None:
         for m in row["margins"][1:]:
             rep = row["tiers"][m["tier"]]
             assert m["spare_bytes"] == rep["capacity_bytes"] - rep["peak_bytes"] and rep["peak_bytes"] > 0
+    out = tmp_path / "fit.csv"
+    assert runner.invoke(app, [*args, "-q", "-o", str(out)]).exit_code == (0 if doc["fits_any"] else 1)
+    table = pd.read_csv(out).set_index("strategy")
+    assert table.loc["gpu-only", "gpu_spare_bytes"] == pytest.approx(gpu["spare_bytes"], rel=1e-12)
+    assert table.loc["gpu-only", "gpu_uncertainty_bytes"] == pytest.approx(gpu["uncertainty_bytes"], rel=1e-12)
+    assert table.loc["gpu-only", "gpu_verdict"] == "out of memory"
     text = runner.invoke(app, args, terminal_width=250).output
     assert "verdict per tier with its margin (GiB to spare, or short" in text
     assert f"short {-x:.2f} ± {y:.2f}: out of memory" in text

@@ -136,8 +136,10 @@ def _assess_all(hw: Any, wl: Any, given: list[str], iterations: int, warmup: int
 def fit_table(report: dict[str, Any]) -> pd.DataFrame:
     """The report's strategies as a table (the ``-o`` CSV), in the report's order: ``strategy``,
     ``status``, ``fits``, ``iteration_time_s``, ``tokens_per_s``, per tier ``<tier>_peak_bytes`` and
-    ``<tier>_capacity_bytes`` (training; GPU per GPU, the others per node), ``startup_<tier>_peak_bytes``
-    (pinned and host while the model is loaded and the optimizer built), ``reason``."""
+    ``<tier>_capacity_bytes`` (training; GPU per GPU, the others per node), ``<tier>_spare_bytes``
+    (each tier's margin, :func:`offsim.fit_check.tier_margins`; negative: short) with the GPU's
+    ``gpu_uncertainty_bytes`` and ``gpu_verdict``, ``startup_<tier>_peak_bytes`` (pinned and host
+    while the model is loaded and the optimizer built), ``reason``."""
     import pandas as pd
 
     rows = []
@@ -145,6 +147,10 @@ def fit_table(report: dict[str, Any]) -> pd.DataFrame:
         row = {k: r[k] for k in ("strategy", "status", "fits", "iteration_time_s", "tokens_per_s")}
         for tier, rep in r["tiers"].items():
             row[f"{tier}_peak_bytes"], row[f"{tier}_capacity_bytes"] = rep["peak_bytes"], rep["capacity_bytes"]
+        for m in r["margins"]:
+            row[f"{m['tier']}_spare_bytes"] = m["spare_bytes"]
+            if m["tier"] == "gpu":
+                row["gpu_uncertainty_bytes"], row["gpu_verdict"] = m["uncertainty_bytes"], m["verdict"]
         for tier, rep in (r["startup"] or {"tiers": {}})["tiers"].items():
             row[f"startup_{tier}_peak_bytes"] = rep["peak_bytes"]
         row["reason"] = None if r["reason"] is None else r["reason"]["text"]
