@@ -94,3 +94,16 @@ def test_run_samples_counts_the_draw_as_a_misfit_instead_of_exit_2(tmp_path: Pat
     assert misfits[0]["rule"] == {"file": "hardware profile 'tiny'", "field": "hardware.gpu",
                                   "rule": misfits[0]["rule"]["rule"], "assumption": "gemm-too-high"}
     assert doc["intervals"]["fits"] == 4 - len(misfits)
+
+
+def test_validate_samples_count_such_a_draw_as_not_fitting() -> None:
+    """``offsim validate --samples`` (sample_inputs): the same draws as ``run --samples`` at the same
+    seed; those that break the rule are not simulated and count as not fitting."""
+    from offsim.validation_intervals import sample_inputs
+
+    cfg = make_run_config("tiny", "tiny", "zero-offload")
+    draws = sample_inputs(models_of(cfg), [GEMM_TOO_HIGH], 4, "5",
+                          lambda m, _cfg: {"iteration_time_s": m.iteration_time_s})
+    iv = run_intervals(cfg, [GEMM_TOO_HIGH], samples=4, seed=5)
+    assert (draws.samples, draws.feasible) == (4, iv.fits) and iv.fits < 4
+    assert len(draws.values["iteration_time_s"]) == iv.fits
