@@ -191,6 +191,8 @@ class Executor:
             Delay: self._start_delay, Flow: self._start_flow, Alloc: self._start_alloc, Free: self._start_free,
             Acquire: self._start_acquire, Release: self._start_release, Join: self._finish, Choose: self._choose}
         self._infos: dict[int, _OpInfo] = {}  # per template op (by id; the info keeps the op alive)
+        self._block_infos: dict[int, tuple[list[_OpInfo], Block]] = {}  # per block of the body: its ops' infos
+        self._flow_keys: dict[tuple[int, float], int] = {}  # (id of a usage of ``_usages``, cap) -> network key
         self._strs: dict[object, str] = {}
         self._roles: dict[tuple[type, str | None, Phase], _Role] = {}
         self._usages: dict[tuple[tuple[object, float], ...], dict[str, float]] = {}
@@ -307,7 +309,7 @@ class Executor:
     def _advance(self) -> None:
         """Issue ops in program order up to the next op of the main stream that has not finished:
         the main stream is the program counter (what follows it is issued when it is done)."""
-        cursor, infos = self.cursor, self._infos
+        cursor, block_infos = self.cursor, self._block_infos
         while True:  # ``for op in cursor``, a block at a time (issue 16: no call per op)
             block = cursor.block
             if block is None or cursor.op_index >= len(block.ops):
@@ -316,12 +318,15 @@ class Executor:
                 except StopIteration:
                     return
             ops, index = block.ops, cursor.op_index
+            infos = block_infos.get(id(block))
+            if infos is None:  # every op of a block entered is issued: their infos, in order (the block kept alive)
+                infos = block_infos[id(block)] = ([self._info(op) for op in ops], block)
             iteration, micro_batch, nodes = cursor.iteration, cursor.micro_batch, cursor.nodes
             while index < len(ops):
                 op = ops[index]
+                info = infos[0][index]
                 index += 1
                 cursor.op_index = index
-                info = infos.get(id(op)) or self._info(op)
                 node = Node(op, iteration, micro_batch, info.phase, info)
                 nodes.append(node)
                 after = info.after
@@ -518,8 +523,15 @@ class Executor:
         usage: dict[str, float] = info.usage  # type: ignore[assignment]
         key = info.flow_key
         if key < 0:
-            key = info.flow_key = self.net.key(info.name, usage, body.cap_bytes_per_s)
+            key = info.flow_key = self._flow_key(info.name, usage, body.cap_bytes_per_s)
         self.net.start_keyed(info.name, body.nbytes, usage, body.cap_bytes_per_s, key, _NO_META, done, node)
+
+    def _flow_key(self, name: str, usage: dict[str, float], cap_bytes_per_s: float) -> int:
+        """The network's key of a usage (one of ``_usages``, alive while the executor is) and a cap."""
+        key = self._flow_keys.get((id(usage), cap_bytes_per_s))
+        if key is None:
+            key = self._flow_keys[(id(usage), cap_bytes_per_s)] = self.net.key(name, usage, cap_bytes_per_s)
+        return key
 
     def _dma_end(self, node: Node) -> None:
         self.copy_engines.release()
@@ -639,6 +651,8 @@ class Executor:
         self.last_write = {}
         self.stream_last = {}
         self._infos = {}
+        self._block_infos = {}
+        self._roles = {}
         self._starters = {}
         for cache in self.caches.values():
             cache.present.clear()
