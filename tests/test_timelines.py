@@ -61,41 +61,45 @@ def test_transfer_bound_layers(tiny_profile, tiny_workload) -> None:
 
     Gradients as DeepSpeed ZeRO-3 runs them at GAS 1 (stage3.py ``partition_grads``,
     deepspeed_runtime.md §3): per partition, in issue order on the one reduction stream, D2H the
-    16-bit partition (1 GB, 1 s), H2D it back (1 GB, 1 s), then the fp32 copy D2H (5e8 x 4 B =
-    2 GB, 2 s). L2: D2H [3.75,4.75]; its H2D, issued at 4.75, shares the 1 GB/s H2D link with
-    L0's fetch (0.5 GB/s each): the fetch's last 0.5 GB ends at 5.75, the grad's 0.5 GB by 5.75
-    and its last 0.5 GB alone at 6.25; L0 backward [5.75,6.25]; L2's fp32 D2H [6.25,8.25].
-    The stream then runs L1: D2H [8.25,9.25], H2D [9.25,10.25], fp32 [10.25,12.25]; L0: D2H
-    [12.25,13.25], H2D [13.25,14.25], fp32 [14.25,16.25]. The compute stream never waits the
-    reduction stream until the end of backward, which waits for it to drain: [6.25,16.25].
+    16-bit partition (1 GB, 1 s), H2D it back (1 GB, 1 s), the fp64 norms and the fp32 cast on
+    the GPU (5e8 x 24 B at HBM 1000 GB/s, 0.012 s, tests/test_zero3_boundary_norms.py), then
+    the fp32 copy D2H (5e8 x 4 B = 2 GB, 2 s). L2: D2H [3.75,4.75]; its H2D, issued at 4.75,
+    shares the 1 GB/s H2D link with L0's fetch (0.5 GB/s each): the fetch's last 0.5 GB ends at
+    5.75, the grad's 0.5 GB by 5.75 and its last 0.5 GB alone at 6.25; L0 backward [5.75,6.25];
+    L2's norms [6.25,6.262], fp32 D2H [6.262,8.262]. The stream then runs L1: D2H
+    [8.262,9.262], H2D [9.262,10.262], norms, fp32 [10.274,12.274]; L0: D2H [12.274,13.274],
+    H2D [13.274,14.274], norms, fp32 [14.286,16.286]. The compute stream never waits the
+    reduction stream until the end of backward, which waits for it to drain: [6.25,16.286].
     No host accumulate: the addition is on the GPU and the fp32 gradient lands in place.
 
     The CPU step, two sub-groups of 7.5e8 params, each as DeepSpeed runs it (stage3.py
     ``_optimizer_step``): unscale the fp32 gradient (7.5e8 x 8 B = 6 GB at DRAM's 100 GB/s,
     0.06 s), CPU Adam (at 1e9/s, 0.75 s), cast the master to 16 bits (7.5e8 x 6 B = 4.5 GB,
-    0.045 s): [16.25, 17.105] and [17.105, 17.96].
+    0.045 s): [16.286, 17.141] and [17.141, 17.996].
     """
     rec = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=0.25, bwd_s=0.5)
     assert _spans(rec, "gpu") == [
         ("block0 forward", 1.0, 1.25), ("block1 forward", 2.0, 2.25), ("block2 forward", 3.0, 3.25),
         ("block2 backward", 3.25, 3.75), ("block1 backward", 4.25, 4.75), ("block0 backward", 5.75, 6.25),
+        ("block2 gradient norms (fp64)", 6.25, 6.262), ("block1 gradient norms (fp64)", 10.262, 10.274),
+        ("block0 gradient norms (fp64)", 14.274, 14.286),
     ]
     assert _spans(rec, "h2d") == [
         ("block0 params", 0.0, 1.0), ("block1 params", 1.0, 2.0), ("block2 params", 2.0, 3.0),
         ("block1 params", 3.25, 4.25), ("block0 params", 4.25, 5.75), ("block2 grads", 4.75, 6.25),
-        ("block1 grads", 9.25, 10.25), ("block0 grads", 13.25, 14.25),
+        ("block1 grads", 9.262, 10.262), ("block0 grads", 13.274, 14.274),
     ]
     assert _spans(rec, "d2h") == [
-        ("block2 grads", 3.75, 4.75), ("block2 grads", 6.25, 8.25), ("block1 grads", 8.25, 9.25),
-        ("block1 grads", 10.25, 12.25), ("block0 grads", 12.25, 13.25), ("block0 grads", 14.25, 16.25)]
+        ("block2 grads", 3.75, 4.75), ("block2 grads", 6.262, 8.262), ("block1 grads", 8.262, 9.262),
+        ("block1 grads", 10.274, 12.274), ("block0 grads", 12.274, 13.274), ("block0 grads", 14.286, 16.286)]
     drain = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "reduction stream" in s.name]
-    assert drain == [(pytest.approx(6.25), pytest.approx(16.25))]
-    assert _spans(rec, "cpu") == [("CPU Adam sub-group 0", 16.31, 17.06), ("CPU Adam sub-group 1", 17.165, 17.915)]
+    assert drain == [(pytest.approx(6.25), pytest.approx(16.286))]
+    assert _spans(rec, "cpu") == [("CPU Adam sub-group 0", 16.346, 17.096), ("CPU Adam sub-group 1", 17.201, 17.951)]
     assert [s for s in _spans(rec, "dram_copy") if "sub-group" in s[0]] == [
-        ("unscale gradients, sub-group 0", 16.25, 16.31), ("cast to 16-bit, sub-group 0", 17.06, 17.105),
-        ("unscale gradients, sub-group 1", 17.105, 17.165), ("cast to 16-bit, sub-group 1", 17.915, 17.96)]
-    assert _phases(rec) == {"forward": 3.25, "backward": 13.0, "optimizer": 1.71}
-    assert rec.end_s == pytest.approx(17.96)
+        ("unscale gradients, sub-group 0", 16.286, 16.346), ("cast to 16-bit, sub-group 0", 17.096, 17.141),
+        ("unscale gradients, sub-group 1", 17.141, 17.201), ("cast to 16-bit, sub-group 1", 17.951, 17.996)]
+    assert _phases(rec) == {"forward": 3.25, "backward": 13.036, "optimizer": 1.71}
+    assert rec.end_s == pytest.approx(17.996)
 
 
 def test_compute_bound_layers_hide_all_but_the_first_fetch(tiny_profile, tiny_workload) -> None:
@@ -130,21 +134,22 @@ def test_gpu_resident_params_move_nothing(tiny_profile, tiny_workload) -> None:
 def test_blocking_gradient_offload_stalls_backward(tiny_profile, tiny_workload) -> None:
     """Without overlap (DeepSpeed ``overlap_comm: false``: the reduction stream is the compute
     stream, deepspeed_runtime.md §3) each backward layer waits for all of its gradient copies:
-    D2H 1 GB (1 s), H2D back 1 GB (1 s), fp32 D2H 2 GB (2 s) = 4 s. L2 [3.25,3.75], copies
-    [3.75,7.75] (L1 was fetched [3.25,4.25], L0's fetch is not issued yet: the link is free);
-    L1 [7.75,8.25] while L0 is fetched [7.75,8.75], copies [8.25,12.25] (its H2D [9.25,10.25]
-    after the fetch); L0 [12.25,12.75], copies [12.75,16.75]. Backward: 16.75 - 3.25 = 13.5 s
-    (13.0 s overlapped, where only L0's backward and two fetch waits overlap the copies)."""
+    D2H 1 GB (1 s), H2D back 1 GB (1 s), the fp64 norms and fp32 cast on the GPU (0.012 s),
+    fp32 D2H 2 GB (2 s) = 4.012 s. L2 [3.25,3.75], copies [3.75,7.762] (L1 was fetched
+    [3.25,4.25], L0's fetch is not issued yet: the link is free); L1 [7.762,8.262] while L0 is
+    fetched [7.762,8.762], copies [8.262,12.274] (its H2D [9.262,10.262] after the fetch); L0
+    [12.274,12.774], copies [12.774,16.786]. Backward: 16.786 - 3.25 = 13.536 s (13.036 s
+    overlapped, where only L0's backward and two fetch waits overlap the copies)."""
     st = strategy(**{**STREAMED, "overlap_grad_offload": False})
     rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
     stalls = [s for s in rec.spans if s.resource == "gpu_stall" and "gradient offload" in s.name]
     assert [(s.start_s, s.end_s) for s in stalls] == [
-        (pytest.approx(3.75), pytest.approx(7.75)), (pytest.approx(8.25), pytest.approx(12.25)),
-        (pytest.approx(12.75), pytest.approx(16.75))]
+        (pytest.approx(3.75), pytest.approx(7.762)), (pytest.approx(8.262), pytest.approx(12.274)),
+        (pytest.approx(12.774), pytest.approx(16.786))]
     assert _spans(rec, "h2d")[3:] == [
-        ("block1 params", 3.25, 4.25), ("block2 grads", 4.75, 5.75), ("block0 params", 7.75, 8.75),
-        ("block1 grads", 9.25, 10.25), ("block0 grads", 13.75, 14.75)]
-    assert _phases(rec)["backward"] == pytest.approx(13.5)
+        ("block1 params", 3.25, 4.25), ("block2 grads", 4.75, 5.75), ("block0 params", 7.762, 8.762),
+        ("block1 grads", 9.262, 10.262), ("block0 grads", 13.774, 14.774)]
+    assert _phases(rec)["backward"] == pytest.approx(13.536)
 
 
 def test_zero_offload_compute_stream_waiting_for_the_step_is_a_stall(tiny_profile, tiny_workload) -> None:

@@ -50,30 +50,35 @@ def _run(profile, workload, layers: int) -> RunConfig:
 
 
 def test_the_fourth_bucket_waits_for_the_first_to_finish(tiny_profile, tiny_workload) -> None:
-    """Five blocks of 5e8 parameters on tiny (1 GB/s each way), parameters on the GPU (dp 1: no
-    fetch, no reduce-scatter), one bucket per block. Each bucket on the one reduction stream, at
-    GAS 1: D2H of the 16-bit partition (1 GB, 1 s), H2D back (1 s), fp32 D2H (2 GB, 2 s): 4 s;
-    its event (the slot back) after the fp32 copy.
+    """Five blocks of 5e8 parameters on tiny (1 GB/s each way, HBM 1000 GB/s), parameters on the
+    GPU (dp 1: no fetch, no reduce-scatter), one bucket per block. Each bucket on the one
+    reduction stream, at GAS 1: D2H of the 16-bit partition (1 GB, 1 s), H2D back (1 s), the
+    boundary's fp64 norms and fp32 cast on the GPU (5e8 x (2 + 8 + 8 + 2 + 4) B / 1e12 = 0.012 s,
+    tests/test_zero3_boundary_norms.py), fp32 D2H (2 GB, 2 s): 4.012 s; its event (the slot back)
+    after the fp32 copy.
 
-    Forward [0, 1.25]. Backward: B4 [1.25, 1.75], bucket 4 issued, stream [1.75, 5.75]; B3
-    [1.75, 2.25], bucket 3 [5.75, 9.75]; B2 [2.25, 2.75], bucket 2 [9.75, 13.75] (three in
+    Forward [0, 1.25]. Backward: B4 [1.25, 1.75], bucket 4 issued, stream [1.75, 5.762]; B3
+    [1.75, 2.25], bucket 3 [5.762, 9.774]; B2 [2.25, 2.75], bucket 2 [9.774, 13.786] (three in
     flight); B1 [2.75, 3.25]: bucket 1 finds three unfinished, the host waits for bucket 4's
-    event: stall [3.25, 5.75]; B0 [5.75, 6.25]: bucket 0 waits for bucket 3: [6.25, 9.75];
-    bucket 1 runs [13.75, 17.75], bucket 0 [17.75, 21.75]; the epilogue's drain [9.75, 21.75].
-    Backward 21.75 - 1.25 = 20.5 s."""
+    event: stall [3.25, 5.762]; B0 [5.762, 6.262]: bucket 0 waits for bucket 3: [6.262, 9.774];
+    bucket 1 runs [13.786, 17.798], bucket 0 [17.798, 21.81]; the epilogue's drain [9.774, 21.81].
+    Backward 21.81 - 1.25 = 20.56 s (20.5 s before the norms)."""
     rec = _run(tiny_profile, tiny_workload, 5)
-    gpu = [(s.name, s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu" and s.phase == "backward"]
+    gpu = [(s.name, s.start_s, s.end_s) for s in rec.spans
+           if s.resource == "gpu" and s.phase == "backward" and s.name.endswith(" backward")]
     assert gpu == [(f"block{i} backward", pytest.approx(a), pytest.approx(a + 0.5))
-                   for i, a in zip((4, 3, 2, 1, 0), (1.25, 1.75, 2.25, 2.75, 5.75), strict=True)]
+                   for i, a in zip((4, 3, 2, 1, 0), (1.25, 1.75, 2.25, 2.75, 5.762), strict=True)]
+    norms = [(s.start_s, s.end_s) for s in rec.spans if s.phase == "backward" and "gradient norms" in s.name]
+    assert norms == [(pytest.approx(t - 2.012), pytest.approx(t - 2)) for t in (5.762, 9.774, 13.786, 17.798, 21.81)]
     throttle = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "throttle" in s.name]
-    assert throttle == [(pytest.approx(3.25), pytest.approx(5.75)), (pytest.approx(6.25), pytest.approx(9.75))]
+    assert throttle == [(pytest.approx(3.25), pytest.approx(5.762)), (pytest.approx(6.262), pytest.approx(9.774))]
     drain = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "end of backward" in s.name]
-    assert drain == [(pytest.approx(9.75), pytest.approx(21.75))]
+    assert drain == [(pytest.approx(9.774), pytest.approx(21.81))]
     fp32 = [(s.name, s.start_s, s.end_s) for s in rec.spans if s.resource == "d2h" and s.bytes == 4 * PARAMS]
-    assert [(a, b) for _, a, b in fp32] == [(pytest.approx(t - 2), pytest.approx(t)) for t in (5.75, 9.75, 13.75,
-                                                                                              17.75, 21.75)]
+    assert [(a, b) for _, a, b in fp32] == [(pytest.approx(t - 2), pytest.approx(t)) for t in (5.762, 9.774, 13.786,
+                                                                                              17.798, 21.81)]
     backward = next(end - start for _, name, start, end in rec.phases if name == "backward")
-    assert backward == pytest.approx(20.5)
+    assert backward == pytest.approx(20.56)
 
 
 def test_a_70b_layer_is_two_buckets() -> None:

@@ -92,6 +92,12 @@ class LayerGrads:
             bounce-buffer copy, :class:`~offsim.plan.deepspeed_versions.Z3Fp32GradCopy`).
         boundary_blocking: the host thread, which issues the compute, waits for the boundary copy
             (a blocking or pageable copy), so the next layer's backward starts after it.
+        boundary_norm_s: on DeepSpeed's path, GPU seconds of the boundary's per-parameter fp64 L2
+            norms on the reduction stream, before the boundary copy (stage3.py ``partition_grads``
+            -> ``_constant_buffered_norm2``); 0: none.
+        boundary_gpu_bytes: GPU bytes held from those norms until the boundary copy is done (the
+            largest parameter's GPU slice and fp64 chunk; with the gradient swapper also every
+            fp32 ``grad_buffer.float()`` of the bucket); 0: none.
     """
 
     reduce: Flow | None
@@ -113,6 +119,8 @@ class LayerGrads:
     swap_units: int = 0
     boundary_cast: Flow | None = None
     boundary_blocking: bool = False
+    boundary_norm_s: float = 0.0
+    boundary_gpu_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,13 +183,17 @@ class Grads:
         return Setup(streams=streams, pools=(*pools, *io_pools(self.io_concurrency)))
 
     def footprint(self) -> tuple[Need, ...]:
-        """The two GPU gradient buffers of the offload (:data:`GRAD_SLOTS`), the layer-wise host
+        """The two GPU gradient buffers of the offload (:data:`GRAD_SLOTS`), DeepSpeed's boundary norm
+        workspace (:attr:`LayerGrads.boundary_gpu_bytes`), the layer-wise host
         gradient buffers (:data:`HOST_GRAD_SLOTS`), and the pinned buffer of the one layer-wise
         update the in-order ``cpu_update`` stream swaps at a time."""
         off = [g for g in self.layers if g.offloaded]
         held = [b.flows for b in self.buckets] if self.buckets else off
         needs = [Need(Tier.GPU, "gradient buffers before offload",
                       self.grad_slots * max((g.buffer_bytes for g in held), default=0))]
+        norms = max((g.boundary_gpu_bytes for g in held), default=0)
+        if norms > 0:  # one boundary at a time: the reduction stream runs them in issue order
+            needs.append(Need(Tier.GPU, "boundary gradient norms (fp64 chunk, GPU slices)", norms))
         if self.host_slots is not None and off:
             biggest = max(off, key=lambda g: g.host_buffer_bytes)
             needs.append(Need(biggest.host_tier, f"grads (optimizer format), {self.host_slots} layer buffers",
@@ -241,7 +253,7 @@ class Grads:
                                (g.roundtrip_h2d, Activity.GRAD_OFFLOAD)):
             if flow is not None:
                 last = b.add(flow, tag(activity, self.id, Phase.BACKWARD, u), REDUCTION_STREAM, after=[last])
-        last = self._bucket_boundary(b, site, g, last)
+        last = self._bucket_boundary(b, site, g, last, k)
         b.add(Free(Tier.GPU, buf), t, after=[last])
         b.add(Release(GRAD_SLOTS, 1), t, after=[last])
         end = self._bucket_swap(b, site, g, last)
@@ -251,13 +263,30 @@ class Grads:
             b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u, label="waits for gradient offload"),
                   COMPUTE, after=[end], stall=Wait("gradient offload"))
 
-    def _bucket_boundary(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int) -> int:
-        """The boundary micro-batch's fp32 copy of a bucket on the reduction stream (after a
-        slot of the gradient swapper's pool, which the host waits for), its host pass and, when
-        blocking, the compute stream's wait (``_offload_grad_partition_at_boundary``)."""
+    def _norms(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int, group: int) -> tuple[int, TensorRef]:
+        """The boundary's fp64 norms on the reduction stream after ``last``, holding
+        ``boundary_gpu_bytes`` (freed by :meth:`_norms_done`); returns the op to follow and the
+        buffer (stage3.py ``partition_grads``: ``_constant_buffered_norm2`` per parameter)."""
+        buf = TensorRef(TensorKind.WORKSPACE, unit=site.layer, group=group, mb=CUR_MB)
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer, label="gradient norms (fp64)")
+        if g.boundary_gpu_bytes > 0:
+            last = b.add(Alloc(Tier.GPU, g.boundary_gpu_bytes, buf), t, after=[last])
+        if g.boundary_norm_s > 0:
+            last = b.add(Delay(g.boundary_norm_s), t, REDUCTION_STREAM, after=[last])
+        return last, buf
+
+    def _norms_done(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int, buf: TensorRef) -> None:
+        if g.boundary_gpu_bytes > 0:
+            b.add(Free(Tier.GPU, buf), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer), after=[last])
+
+    def _bucket_boundary(self, b: BlockBuilder, site: Site, g: LayerGrads, last: int, k: int) -> int:
+        """The boundary micro-batch's norms and fp32 copy of bucket ``k`` on the reduction stream
+        (the copy after a slot of the gradient swapper's pool, which the host waits for), its host
+        pass and, when blocking, the compute stream's wait (``_offload_grad_partition_at_boundary``)."""
         if not site.last_mb:
             return last
         t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer)
+        last, norm_buf = self._norms(b, site, g, last, k)
         deps = [last]
         if g.swap_units > 0:
             deps.append(b.add(Acquire(GRAD_SWAP_UNITS, g.swap_units),
@@ -266,6 +295,7 @@ class Grads:
                               stall=Wait("the gradient swapper's buffers")))
         if g.boundary_d2h is not None:
             last = b.add(g.boundary_d2h, t, REDUCTION_STREAM, after=deps)
+        self._norms_done(b, site, g, last, norm_buf)
         if g.boundary_cast is not None:
             last = b.add(g.boundary_cast, tag(Activity.GRAD_CAST, self.id, Phase.BACKWARD, site.layer), "grad_host",
                          after=[last])
@@ -358,6 +388,7 @@ class Grads:
         u = site.layer
         t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
         if site.last_mb:
+            last, norm_buf = self._norms(b, site, g, last, -1)
             deps = [last]
             if g.swap_units > 0:
                 deps.append(b.add(Acquire(GRAD_SWAP_UNITS, g.swap_units),
@@ -366,6 +397,7 @@ class Grads:
                                   stall=Wait("the gradient swapper's buffers")))
             if g.boundary_d2h is not None:  # after this partition's round trip, on the reduction stream
                 last = b.add(g.boundary_d2h, t, REDUCTION_STREAM, after=deps)
+            self._norms_done(b, site, g, last, norm_buf)
             if g.boundary_cast is not None:
                 last = b.add(g.boundary_cast, tag(Activity.GRAD_CAST, self.id, Phase.BACKWARD, u), "grad_host",
                              after=[last])

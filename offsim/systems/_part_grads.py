@@ -60,8 +60,9 @@ def _layer_grads(c: Ctx, lay: Layer, host_slots: int | None, swap_pool_units: in
     if c.layerwise and on_gpu > 0:
         gpu_adam = lay.params / sz.opt_part * on_gpu * gpu_adam_bpp(c) / gpu.hbm_bytes_per_s
     nvme = st.placement.grads == "nvme"
-    ds = _deepspeed_grads(c, local, hg, swap_pool_units, _fresh_temp_bytes(c, ((lay.index, lay.params),))) \
-        if _on_deepspeed_grads(c) and part > 0 else {}
+    whole_layer = ((lay.index, lay.params),)
+    ds = _deepspeed_grads(c, local, hg, swap_pool_units, _fresh_temp_bytes(c, whole_layer),
+                          _largest_partition(c, whole_layer)) if _on_deepspeed_grads(c) and part > 0 else {}
     return LayerGrads(
         reduce, True, compress, whole(min(full, fp.grad_buffer_bytes(c.cfg, sz))),
         c.paths.dma(False, whole(part), st.pin_memory) if part > 0 else None,
@@ -109,6 +110,50 @@ def _fresh_temp_bytes(c: Ctx, pieces: Iterable[tuple[int, float]]) -> float:
     return total
 
 
+#: DeepSpeed ZeRO-3's boundary norm of each gradient partition: ``part.data.double().norm(2)`` over
+#: chunks of at most this many elements (stage3.py ``_constant_buffered_norm2``, buffer_size 250000000,
+#: in the 0.13.3 DataStates forks and at edaa722126; deepspeed_runtime.md §3)
+NORM_CHUNK_ELEMENTS = 250_000_000
+#: its HBM bytes per element besides the 16-bit read: the fp64 copy written, then read by the norm
+NORM_FP64_BYTES = 8 + 8
+
+
+def _largest_partition(c: Ctx, pieces: Iterable[tuple[int, float]]) -> float:
+    """Elements on this rank of the largest parameter partition among ``pieces`` ((layer, elements
+    of it)); a piece smaller than its layer's largest tensor counts as that piece."""
+    model = c.cfg.workload.model
+    return max((min(math.ceil(t / c.sz.grad_part), math.ceil(n / c.sz.grad_part)) * c.host_share[u]
+                for u, n in pieces for t in fp.layer_tensors(model, c.layers[u])), default=0.0)
+
+
+def _boundary_gpu_work(c: Ctx, local: float, biggest: float, gpu_cast: bool, swapped: bool) -> dict[str, Any]:
+    """The boundary's GPU work before its copy, on the reduction stream (stage3.py
+    ``partition_grads``, per parameter): the GPU slice of the accumulator (``grad_buffer.to(device)``,
+    b_acc per element), its fp64 norm (:data:`NORM_FP64_BYTES`), and, where the release casts on the
+    GPU (``gpu_cast``: ``.float()`` / a non_blocking dtype-changing ``copy_``), the fp32 cast (b_acc
+    read, 4 B written), all at HBM bandwidth; ``local``: the bucket's elements on this rank. GPU
+    bytes held, at the largest partition (``biggest`` elements): its slice (b_acc) and the larger
+    of its fp64 chunk (at most :data:`NORM_CHUNK_ELEMENTS`, freed after the norm) and its fp32
+    cast (when ``gpu_cast``); with the gradient swapper (``swapped``) the bucket's fp32 gradients
+    are kept until ``swap_out_gradients``, so the largest partition's fp64 chunk may meet the
+    others' fp32 copies, and at the end all of them are held (4 B x ``local``).
+
+    Held only when the parameters live on the GPU. Streamed parameters get an ``auto`` window
+    sized as if every held need met a full window (:func:`offsim.systems._part_fetch.
+    auto_param_budget_bytes`), while this workspace comes when the window has drained (a
+    bucket's flush, the embedding's last); counted there it starves the window (GPT-3 175B on
+    dgx2-v100 would not fit), so there the bytes are left out, an under-count, and the time kept."""
+    b_acc, fp32 = c.bpp_grad, 4.0
+    per_element = b_acc + NORM_FP64_BYTES + (b_acc + fp32 if gpu_cast else 0.0)
+    fp64 = min(biggest, NORM_CHUNK_ELEMENTS) * 8.0
+    if swapped:
+        held = biggest * b_acc + max(fp64 + fp32 * (local - biggest), fp32 * local)
+    else:
+        held = biggest * b_acc + max(fp64, fp32 * biggest if gpu_cast else 0.0)
+    return {"boundary_norm_s": local * per_element / c.cfg.hardware.gpu.hbm_bytes_per_s,
+            "boundary_gpu_bytes": whole(held) if c.st.placement.params == "gpu" else 0}
+
+
 def _with_first_touch(flow: Flow, fresh_bytes: float) -> Flow:
     """A pageable D2H whose destination holds ``fresh_bytes`` of fresh pages: the host thread
     that copies out of the driver's staging buffer faults them in first
@@ -121,7 +166,8 @@ def _with_first_touch(flow: Flow, fresh_bytes: float) -> Flow:
     return replace(flow, usage=usage, cap_bytes_per_s=flow.nbytes / seconds)
 
 
-def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fresh: float = 0.0) -> dict[str, Any]:
+def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fresh: float = 0.0,
+                     biggest: float = 0.0) -> dict[str, Any]:
     """A layer's :class:`LayerGrads` fields on DeepSpeed's ZeRO-3 path (``local``: its gradient
     elements on this rank; ``hg``: host bytes per element; ``swap_pool_units``: the gradient
     swapper's pool when gradients are on NVMe, else 0). The round trip is pinned iff
@@ -131,19 +177,24 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fres
     says; else the copy into the fp32 gradient as the release's ``z3_fp32_grad_copy`` does it
     (:class:`Z3Fp32GradCopy`); ``fresh``: bytes of that copy's 16-bit host temporaries that are
     fresh pages (:func:`_fresh_temp_bytes`), which the blocking CPU-upcast copy faults in
-    (:func:`_with_first_touch`). MLP-Offload's 16-bit host gradients (``delayed_grad_conversion``)
+    (:func:`_with_first_touch`); ``biggest``: the largest partition's elements, for the boundary's
+    norms (:func:`_boundary_gpu_work`), which every release and both forks compute whenever the
+    optimizer is offloaded. MLP-Offload's 16-bit host gradients (``delayed_grad_conversion``)
     have no boundary copy."""
     st = c.st
-    fields: dict[str, Any] = {"roundtrip_h2d": c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory)}
+    mode = Z3Fp32GradCopy(st.z3_fp32_grad_copy)
+    nvme = st.placement.grads == "nvme" and not st.delayed_grad_conversion
+    gpu_cast = nvme or (mode is not Z3Fp32GradCopy.CPU_UPCAST_BLOCKING and not st.delayed_grad_conversion)
+    fields: dict[str, Any] = {"roundtrip_h2d": c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory),
+                              **_boundary_gpu_work(c, local, biggest, gpu_cast, nvme)}
     if st.delayed_grad_conversion:
         return fields
-    if st.placement.grads == "nvme":  # the gradient swapper: GPU cast, blocking copy into its buffers
+    if nvme:  # the gradient swapper: GPU cast, blocking copy into its buffers
         fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), _swap_buffers_pinned(c)),
                       boundary_blocking=True)
         if swap_pool_units > 0:
             fields["swap_units"] = min(swap_pool_units, max(1, math.ceil(local * hg / SWAP_UNIT_BYTES)))
         return fields
-    mode = Z3Fp32GradCopy(st.z3_fp32_grad_copy)
     if mode is Z3Fp32GradCopy.CPU_UPCAST_BLOCKING:  # 16-bit D2H into a new pageable temporary, CPU upcast
         d2h = _with_first_touch(c.paths.dma(False, whole(local * c.bpp_grad), False), fresh)
         fields.update(boundary_d2h=d2h,
@@ -168,7 +219,8 @@ def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGr
     local = sum(n / sz.grad_part * c.host_share[u] for u, n in bucket.pieces)
     hg = sz.host_grad_bytes_per_param
     nvme = st.placement.grads == "nvme"
-    ds = _deepspeed_grads(c, local, hg, swap_pool_units, _fresh_temp_bytes(c, bucket.pieces)) if local > 0 else {}
+    ds = _deepspeed_grads(c, local, hg, swap_pool_units, _fresh_temp_bytes(c, bucket.pieces),
+                          _largest_partition(c, bucket.pieces)) if local > 0 else {}
     return LayerGrads(c.collective(full, 1.0 if st.zero_stage >= 2 else 2.0), True, buffer_bytes=whole(full),
                       d2h=c.paths.dma(False, whole(local * c.bpp_grad), st.pin_memory) if local > 0 else None,
                       nvme_write=c.paths.nvme(False, whole(local * hg)) if nvme and local > 0 else None, **ds)
