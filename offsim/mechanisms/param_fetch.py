@@ -8,9 +8,11 @@ prefetch policy asks for), the compute stream waits until it is resident, and wh
 ops have run the eviction policy may release it (DeepSpeed's release after use, kept within
 ``stage3_max_reuse_distance``).
 
-A layer's fetch program: hold the gathered bytes on the GPU; read its partition from NVMe into a
-pinned staging buffer and copy it up (parameters on NVMe), or copy it up from host memory
-(parameters on the CPU); all-gather the partitions over the GPU link (ZeRO-3, dp > 1).
+A layer's fetch program: hold the gathered bytes on the GPU (with DeepSpeed's per-submodule
+gather, :mod:`offsim.plan.zero3_fetch`, none: the layer's peak of gathered submodules is held on
+the compute stream from its wait to its done instead, and its fetch moves the whole layer); read
+its partition from NVMe into a pinned staging buffer and copy it up (parameters on NVMe), or copy
+it up from host memory (parameters on the CPU); all-gather the partitions over the GPU link (ZeRO-3, dp > 1).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind,
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
 from offsim.schedule.ops import (
+    CUR_MB,
     Access,
     Acquire,
     Alloc,
@@ -51,11 +54,27 @@ class LayerFetch:
     h2d: Flow | None
     gather: Flow | None
     staging_bytes: int = 0
+    #: GPU bytes the cache unit holds from its fetch to its release (None: ``gathered_bytes``);
+    #: DeepSpeed's per-submodule gather (:mod:`offsim.plan.zero3_fetch`) holds 0 there
+    held_bytes: int | None = None
+    #: GPU bytes held on the compute stream from the layer's wait to its done: its submodules
+    #: gathered while it runs (the per-submodule peak; 0: none beyond the unit)
+    working_bytes: int = 0
+
+    @property
+    def resident_bytes(self) -> int:
+        """What the cache unit allocates while resident."""
+        return self.gathered_bytes if self.held_bytes is None else self.held_bytes
 
 
 def gathered(layer: int) -> TensorRef:
     """A layer's gathered 16-bit parameters on the GPU."""
     return TensorRef(TensorKind.PARAM16, unit=layer)
+
+
+def working(layer: int) -> TensorRef:
+    """A layer's submodules gathered while it runs in the current micro-batch."""
+    return TensorRef(TensorKind.PARAM16, unit=layer, mb=CUR_MB)
 
 
 @dataclass(frozen=True)
@@ -91,7 +110,7 @@ class ParamFetch:
         f = self.layers[u]
         b = BlockBuilder(f"fetch params of layer {u}")
         t = tag(Activity.PARAM_FETCH, self.id, Phase.FORWARD, u)
-        b.add(Alloc(Tier.GPU, f.gathered_bytes, gathered(u)), t)
+        b.add(Alloc(Tier.GPU, f.resident_bytes, gathered(u)), t)
         if f.nvme is not None:
             b.add(Acquire(STAGING, f.staging_bytes), t, after=[0])
             b.add(f.nvme, t, "param_nvme", after=[1])
@@ -121,5 +140,9 @@ class ParamFetch:
             b.add(Access(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)
         elif stage is Stage.WAIT:
             b.add(Ready(CacheId.GPU_PARAMS, site.layer), t, COMPUTE, stall=Wait("params"))
+            if self.layers[site.layer].working_bytes:
+                b.add(Alloc(Tier.GPU, self.layers[site.layer].working_bytes, working(site.layer)), t, COMPUTE)
         elif stage is Stage.DONE:
+            if self.layers[site.layer].working_bytes:
+                b.add(Free(Tier.GPU, working(site.layer)), t, COMPUTE)
             b.add(Done(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)

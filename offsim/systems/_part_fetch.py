@@ -18,6 +18,9 @@ from offsim.plan.policy_plan import (
     gpu_param_window_layers,
     param_window_bytes,
 )
+from offsim.plan.zero3_fetch import PREFETCH_BUCKET_PARAMS, Zero3FetchRule, Zero3Window, window_params
+from offsim.policies.lookahead import LookaheadConfig
+from offsim.policies.reuse_distance import ReuseDistanceConfig
 from offsim.systems._ctx import Ctx, whole
 from offsim.systems._part_grads import _swap_buffers_pinned
 
@@ -49,7 +52,53 @@ def param_fetch(c: Ctx) -> ParamFetch | None:
             if home in ("nvme", "cpu") else None
         gather = c.collective(full, 1.0) if c.sz.param_part > 1 else None
         out.append(LayerFetch(whole(full), nvme, h2d, gather, min(whole(part), staging_cap)))
-    return within_budget(c, ParamFetch(tuple(out), None), fixed_param_budget_bytes(c.cfg))
+    fetch = within_budget(c, ParamFetch(tuple(out), None), fixed_param_budget_bytes(c.cfg))
+    return by_submodules(c, fetch) if on_zero3_submodule_fetch(c) else fetch
+
+
+def on_zero3_submodule_fetch(c: Ctx) -> bool:
+    """True when the parameters are gathered as DeepSpeed ZeRO-3 gathers them, per submodule
+    (:mod:`offsim.plan.zero3_fetch`): a system on DeepSpeed's ZeRO-3 path (``Variants.deepspeed_grads``),
+    stage 3, the built-in policies (release after use within the reuse distance, lookahead
+    prefetch, no parameter budget) and no layer-wise update; other systems and policies keep
+    offsim's whole-layer units."""
+    pol = c.st.policies
+    return (c.v.deepspeed_grads and c.st.zero_stage == 3 and not c.layerwise and pol.gpu_param_buffer_gib is None
+            and isinstance(pol.eviction, ReuseDistanceConfig) and isinstance(pol.prefetch, LookaheadConfig)
+            and pol.prefetch.depth is None)
+
+
+def zero3_window(c: Ctx) -> Zero3Window:
+    """The submodule rule's window for ``c`` (:func:`offsim.plan.zero3_fetch.window_params`):
+    tiles from ``strategy.zero3_tiles_per_linear``, two copies in flight when the partition group
+    has more than one rank, DeepSpeed's default bucket (none when ``prefetch_depth`` is 0: a
+    zero ``stage3_prefetch_bucket_size``) and live cap, the strategy's reuse distance."""
+    rule = Zero3FetchRule(tiles_per_linear=c.st.zero3_tiles_per_linear,
+                          gather_copies=2 if c.sz.param_part > 1 else 1,
+                          prefetch_bucket_params=PREFETCH_BUCKET_PARAMS if c.st.prefetch_depth > 0 else 0.0,
+                          reuse_distance_params=c.st.reuse_distance_params)
+    return window_params(c.cfg.workload.model, c.layers, c.recompute, rule)
+
+
+def by_submodules(c: Ctx, fetch: ParamFetch) -> ParamFetch:
+    """``fetch`` with DeepSpeed's submodule window where it is smaller than the whole-layer one.
+
+    The timeline stays per layer (each layer's fetch moves the whole layer, prefetched and
+    released as before: with module-ahead prefetch DeepSpeed overlaps the next modules' gather
+    with the current compute, as the layer-ahead prefetch does; the cache's sizes stay whole
+    layers, the reuse distance's measure). The memory is the submodule rule: the cache unit holds
+    nothing between uses (DeepSpeed releases module by module; what it prefetches across a
+    layer boundary is counted in the current layer's peak), and each layer holds its peak of
+    gathered submodules on the compute stream from its wait to its done. The footprint's window
+    adds the parameters retained at the forward-to-backward turn, which the engine's GPU level
+    does not hold (its cache hits still skip their fetches)."""
+    w = zero3_window(c)
+    window = whole(w.window_params * c.bpp_param)
+    if window >= fetch.window_bytes:
+        return fetch
+    layers = tuple(replace(f, held_bytes=0, working_bytes=whole(peak * c.bpp_param))
+                   for f, peak in zip(fetch.layers, w.layer_peak_params, strict=True))
+    return replace(fetch, layers=layers, window_bytes=window)
 
 
 #: Share of GPU memory an ``auto`` parameter budget leaves unused, against the other mechanisms'

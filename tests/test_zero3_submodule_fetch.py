@@ -1,0 +1,136 @@
+"""DeepSpeed ZeRO-3 gathers per submodule (offsim/plan/zero3_fetch.py), and memory-centric tiling
+(``strategy.zero3_tiles_per_linear``) splits each block Linear's fetch unit: hand-computed windows,
+the engine's parameter peak, and the timeline left per layer."""
+
+from __future__ import annotations
+
+import pytest
+
+import offsim.systems._part_fetch as part_fetch
+from offsim import load_profile, load_strategy, load_workload, make_run_config, simulate
+from offsim.config.run import RunConfig
+from offsim.fit_check import footprint
+from offsim.plan.footprint import state_sizes
+from offsim.plan.zero3_fetch import (
+    Zero3FetchRule,
+    fetch_trace,
+    fetch_units,
+    prefetch_params,
+    retained_params,
+    trace_peaks,
+)
+from offsim.simulation import make_executor
+from offsim.validation import case_config, default_cases_path, load_cases
+
+WINDOW = "gathered params window"
+
+
+def _tiny_small_vocab_config(tiles: int, prefetch_depth: int = 0, reuse: float = 0.0) -> RunConfig:
+    """``tiny`` (hidden 1024, FFN 4096, 4 blocks, no biases, untied) with a 1024-token vocabulary,
+    so a block's FFN matrix (1024 x 4096 = 4,194,304) is the model's largest tensor (the
+    embedding and the head are 1024 x 1024 = 1,048,576); ZeRO-Infinity with CPU parameters on one
+    GPU (a partition group of one: one copy in flight)."""
+    wl = load_workload("tiny")
+    wl = wl.model_copy(update={"model": wl.model.model_copy(update={"vocab": 1024})})
+    st = load_strategy("zero-infinity-cpu").model_copy(update={
+        "prefetch_depth": prefetch_depth, "reuse_distance_params": reuse, "zero3_tiles_per_linear": tiles})
+    return RunConfig(hardware=load_profile("tiny"), workload=wl, strategy=st)
+
+
+def test_fetch_units_are_the_block_matrices_and_tiles_split_them() -> None:
+    """tiny block: Wq, Wk, Wv, Wo 1024 x 1024 = 1,048,576 each, FC1 and FC2 1024 x 4096 =
+    4,194,304 each, the two RMSNorms 2 x 1024 = 2048; tiles of 2 halve every matrix (524,288 and
+    2,097,152), the norms stay one unit; the embedding is never tiled."""
+    cfg = _tiny_small_vocab_config(tiles=1)
+    model, layers = cfg.workload.model, state_sizes(cfg).layers
+    block = layers[1]
+    assert fetch_units(model, block) == [1_048_576] * 4 + [4_194_304] * 2 + [2048]
+    assert fetch_units(model, block, 2) == [524_288] * 8 + [2_097_152] * 4 + [2048]
+    assert sum(fetch_units(model, block, 3)) == block.params
+    assert max(fetch_units(model, block, 3)) == 1_398_102  # ceil(4,194,304 / 3)
+    assert fetch_units(model, layers[0], 2) == [1_048_576]
+
+
+def test_prefetch_takes_until_the_bucket_is_reached_and_overshoots_by_one() -> None:
+    """budget = min(max_live - current, bucket): current 60, max_live 150, bucket 50 -> 50; 40
+    is taken (40 < 50), then 60 (the test comes before the add: 100), then the budget is met.
+    A module already gathered (the current one) is skipped. Current 150 >= max_live: no budget."""
+    rule = Zero3FetchRule(gather_copies=1, prefetch_bucket_params=50, max_live_params=150)
+    following = [(0, 0, 60), (1, 0, 40), (1, 1, 60), (2, 0, 100)]
+    assert prefetch_params((0, 0, 60), following, rule) == 100
+    assert prefetch_params((3, 0, 150), [(4, 0, 10)], rule) == 0
+    # current 100: budget min(50, 50) = 50; 10, 30 (40 < 50), then 30: 70
+    assert prefetch_params((3, 0, 100), [(4, 0, 10), (4, 1, 30), (4, 2, 30), (4, 3, 5)], rule) == 70
+
+
+def test_layer_peaks_count_the_gather_in_flight_twice() -> None:
+    """Two layers of units [100] and [40, 60], no recompute; trace: 100, 40, 60 (forward), 60,
+    40, 100 (backward); copies 2, bucket 50, max_live 150.
+    Layer 0 as 100 (forward): budget min(50, 50) = 50, takes 40 then 60 -> 100 + 2 x 100 = 300.
+    Layer 1 as 40: budget 50, takes 60 (60 >= 50) -> 40 + 2 x 60 = 160; as 60 (forward): budget
+    50, the next 60 is itself (skipped), takes 40 then 100 -> 60 + 2 x 140 = 340."""
+    rule = Zero3FetchRule(gather_copies=2, prefetch_bucket_params=50, max_live_params=150)
+    trace = fetch_trace([[100], [40, 60]], [False, False])
+    assert [u for _, _, u in trace] == [100, 40, 60, 60, 40, 100]
+    assert trace_peaks(trace, 2, rule) == [300, 340]
+    no_prefetch = Zero3FetchRule(gather_copies=2, prefetch_bucket_params=0, max_live_params=150)
+    assert trace_peaks(trace, 2, no_prefetch) == [200, 120]
+
+
+def test_recompute_forward_precedes_each_checkpointed_backward() -> None:
+    """A checkpointed block runs its modules forward again before its backward."""
+    assert [u for _, _, u in fetch_trace([[1], [2, 3]], [False, True])] == [1, 2, 3, 2, 3, 3, 2, 1]
+
+
+def test_retention_at_the_turn_follows_the_reuse_distance() -> None:
+    """Blocks of 10 (largest unit 6), head 3, distance 30: the last block is kept (6 + 10 - 6 =
+    10 < 30); the one before is not (6 + 20 + 10 - 6 = 30, not under 30)."""
+    rule = Zero3FetchRule(reuse_distance_params=30)
+    assert retained_params([10, 10, 10], 6, 3, rule) == 10
+    assert retained_params([10, 10, 10], 6, 3, Zero3FetchRule(reuse_distance_params=0)) == 0
+
+
+@pytest.mark.parametrize(("tiles", "window_bytes"), [(1, 8_388_608), (2, 4_194_304)])
+def test_window_is_the_largest_linear_and_tiles_halve_it(tiles: int, window_bytes: int) -> None:
+    """No prefetch (prefetch_depth 0: a zero bucket), no reuse distance, one GPU (one copy in
+    flight): the window is the largest unit, one FFN matrix, 4,194,304 x 2 B = 8,388,608 B; with 2
+    tiles per Linear 2,097,152 x 2 B = 4,194,304 B. The whole-layer rule held one block,
+    12,584,960 x 2 B = 25,169,920 B. The engine's parameter peak is the same figure."""
+    cfg = _tiny_small_vocab_config(tiles)
+    assert footprint(cfg).breakdown["gpu"][WINDOW] == window_bytes
+    executor = make_executor(cfg, state_sizes(cfg), None, None, None)
+    executor.run(True)
+    peaks = {str(owner): p["gpu"] for owner, p in executor.memory.owner_peak_bytes.items()}
+    assert peaks["param_fetch"] == window_bytes
+
+
+def test_whole_layer_rule_without_the_submodule_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the submodule rule off, the same configuration holds one whole block: 25,169,920 B."""
+    monkeypatch.setattr(part_fetch, "on_zero3_submodule_fetch", lambda c: False)
+    assert footprint(_tiny_small_vocab_config(1)).breakdown["gpu"][WINDOW] == 12_584_960 * 2
+
+
+def test_timeline_stays_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule changes memory only: Llama-2 7B with zero-infinity-cpu (prefetch one layer ahead,
+    reuse distance 1e9) takes the same iteration time with and without it, and declares a smaller
+    window with it."""
+    cfg = make_run_config("rtx4090-pcie4-ws", "llama2-7b", "zero-infinity-cpu")
+    on, on_window = simulate(cfg).metrics, footprint(cfg).breakdown["gpu"][WINDOW]
+    monkeypatch.setattr(part_fetch, "on_zero3_submodule_fetch", lambda c: False)
+    off, off_window = simulate(cfg).metrics, footprint(cfg).breakdown["gpu"][WINDOW]
+    assert on.iteration_time_s == pytest.approx(off.iteration_time_s, rel=1e-12)
+    assert on_window < off_window
+
+
+def test_one_trillion_model_window_by_hand() -> None:
+    """zi-1t-fits-one-dgx2 (hidden 25,600, FFN 102,400, 16 ranks: two copies in flight, bucket
+    5e7, live cap 1e9, distance 1e9). Wo (655,360,000 < 1e9) is current: budget min(1e9 -
+    655,360,000, 5e7) = 5e7, the next unit, FC1 (2,621,440,000), is taken whole:
+    655,360,000 + 2 x 2,621,440,000 = 5,898,240,000 elements (FC1 or FC2 current: 2 x
+    2,621,440,000 = 5,242,880,000, no budget above the live cap). Nothing retained at the turn:
+    the tied head gathers the embedding, 2 x 50,304 x 25,600 = 2,575,564,800 > 1e9. Window:
+    5,898,240,000 x 2 B = 11,796,480,000 B (10.99 GiB; the whole-layer rule held three layers,
+    43.95 GiB)."""
+    case = next(c for c in load_cases(default_cases_path()) if c.id == "zi-1t-fits-one-dgx2")
+    cfg = case_config(case)
+    assert footprint(cfg).breakdown["gpu"][WINDOW] == 11_796_480_000
