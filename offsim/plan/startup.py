@@ -129,6 +129,11 @@ def _zero3_transients(cfg: RunConfig, sz: StateSizes) -> dict[str, tuple[str, fl
     left, peak = host_steps_peak(deepspeed_host_init(cfg, sz))
     out["pageable sources of pinned gradient buffers (initialize_optimizer_states)"] = (
         "host", peak - sum(left.values()))
+    if st.placement.grads == "cpu" and st.delayed_grad_conversion and st.pin_memory and st.pin_by_copy:
+        # MLP-Offload: the 16-bit gradients' home is grad_partitions_flat_buffer, torch.zeros then
+        # pin_memory() (DataStates/DeepSpeed dist_nvme_opt stage3.py _setup_for_real_optimizer)
+        out["pageable source of grad_partitions_flat_buffer (_setup_for_real_optimizer)"] = (
+            "host", sz.local_params * sz.host_grad_bytes_per_param * (1.0 - st.optimizer_gpu_fraction))
     return out
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
 from offsim.core.enums import TensorKind, Tier, home_tier
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan import footprint as fp
+from offsim.plan.policy_plan import dram_cache_bytes
 from offsim.systems._ctx import Ctx, whole
 from offsim.systems._part_optimizer import subgroups
 
@@ -42,7 +44,7 @@ def static_state(c: Ctx) -> StaticState:
     share = 1.0 - st.optimizer_gpu_fraction
     if pl.grads == "gpu":
         items.append(StaticItem(Tier.GPU, whole(sz.grad_bytes / sz.grad_part), "grads (16-bit)", TensorKind.GRAD_OPT))
-    elif fp.layerwise_grad_buffers(cfg) is None:
+    elif fp.layerwise_grad_buffers(cfg) is None and not _flat_16bit_grads(c):
         g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param * share
         items.append(StaticItem(home_tier(pl.grads, pinned), whole(_pinned_groups(c, g, pl.grads)),
                                 "grads (optimizer format)", TensorKind.GRAD_OPT))
@@ -56,7 +58,8 @@ def static_state(c: Ctx) -> StaticState:
     items += _optimizer_state(c, o * (1.0 - on_pfs))
     items.append(StaticItem(Tier.PFS, whole(o * on_pfs), "optimizer state striped to the PFS", TensorKind.OPT_STATE))
     if fp.deepspeed_zero3_offload(cfg):
-        items += [StaticItem(Tier(s.tier), whole(s.nbytes), s.what) for s in fp.deepspeed_host_init(cfg, sz)]
+        items += _host_init_items(c)
+        items += _flat_16bit_grad_items(c) if _flat_16bit_grads(c) else []
     elif st.needs_staging_buffers():
         nbytes = st.pinned_buffer_count * fp.round_pinned(st.pinned_buffer_bytes, st.host_allocator)
         items.append(StaticItem(Tier.HOST_PINNED, whole(nbytes), "pinned staging buffers"))
@@ -93,3 +96,94 @@ def _pinned_groups(c: Ctx, nbytes: float, home: str) -> float:
         return nbytes
     n = len(subgroups(c))
     return n * fp.round_pinned(nbytes / n, "caching")
+
+
+#: the item name of DeepSpeed's optimizer swap buffers (:func:`offsim.plan.footprint.deepspeed_host_init`)
+SWAP_BUFFERS = "optimizer swap buffers (offload_optimizer)"
+
+
+def _flat_16bit_grads(c: Ctx) -> bool:
+    """Whether the host gradients are MLP-Offload's 16-bit accumulator on DeepSpeed ZeRO-3's offload
+    path (``delayed_grad_conversion``, the fork's ``dist_opt_grad_skip``): their home is then
+    ``grad_partitions_flat_buffer`` itself, one flat tensor (:func:`_flat_16bit_grad_items`)."""
+    st = c.st
+    return fp.deepspeed_zero3_offload(c.cfg) and st.delayed_grad_conversion and st.placement.grads == "cpu"
+
+
+def _flat_16bit_grad_items(c: Ctx) -> list[StaticItem]:
+    """The 16-bit gradients' home as the DataStates fork makes it (DataStates/DeepSpeed branch
+    dist_nvme_opt, stage3.py ``_setup_for_real_optimizer``, the last host allocation of the set-up):
+    ``grad_partitions_flat_buffer = torch.zeros(sum of the rank's partition numels, grad dtype)``,
+    then ``get_accelerator().pin_memory(...)`` when ``offload_optimizer.pin_memory``: ONE tensor,
+    so the caching host allocator rounds it up once (31.95 GiB -> 32 GiB for 70B at dp 4), not per
+    sub-group; its written pageable source is resident beside the pinned copy until the name is
+    rebound (``strategy.pin_by_copy``). The 70B artifact logs (DataStates/artifacts MLP-Offload/logs,
+    both runs) grow by 145.8 GiB over the node's four ranks across this call (223.8 -> 369.6 GiB,
+    "After initializing contiguous gradients buffer" to "At end of the setup for real_optimizer")."""
+    st, sz = c.st, c.sz
+    g = sz.params_total / sz.grad_part * sz.host_grad_bytes_per_param * (1.0 - st.optimizer_gpu_fraction)
+    what = "grads (optimizer format)"
+    if not st.pin_memory:
+        return [StaticItem(Tier.HOST_PAGEABLE, whole(g), what, TensorKind.GRAD_OPT)]
+    pinned = StaticItem(Tier.HOST_PINNED, whole(fp.round_pinned(g, st.host_allocator)), what, TensorKind.GRAD_OPT)
+    if not st.pin_by_copy:
+        return [pinned]
+    source = "grad_partitions_flat_buffer: pageable source of pin_memory()"
+    return [StaticItem(Tier.HOST_PAGEABLE, whole(g), source), pinned, StaticItem(Tier.HOST_PAGEABLE, -whole(g), source)]
+
+
+def _host_init_items(c: Ctx) -> list[StaticItem]:
+    """DeepSpeed ZeRO-3's host set-up (:func:`offsim.plan.footprint.deepspeed_host_init`) as items;
+    on the MLP-Offload fork its optimizer swap buffers are those of :func:`fork_swap_buffer_items`."""
+    steps = fp.deepspeed_host_init(c.cfg, c.sz)
+    if c.st.system != "mlp-offload" or c.st.placement.optimizer_states != "nvme":
+        return [StaticItem(Tier(s.tier), whole(s.nbytes), s.what) for s in steps]
+    items: list[StaticItem] = []
+    for s in steps:
+        if not s.what.startswith(SWAP_BUFFERS):
+            items.append(StaticItem(Tier(s.tier), whole(s.nbytes), s.what))
+        elif not any(i.what.startswith(SWAP_BUFFERS) for i in items):
+            items += fork_swap_buffer_items(c)
+    return items
+
+
+def swap_paths(cfg: RunConfig) -> int:
+    """Storage paths of the MLP-Offload fork's optimizer state: ``nvme_path: "NVMe;PFS"`` is split on
+    ';' and each path gets its own swapper (DataStates/DeepSpeed dist_nvme_opt, stage3.py
+    ``_configure_tensor_swapping``: one ``PipelinedOptimizerSwapper`` per path, at most 2,
+    ``_get_opt_swapper_id``); offsim stripes to the PFS iff its share is above 0."""
+    return 2 if fp.pfs_share(cfg) > 0 else 1
+
+
+def cached_subgroups_per_path(buffer_count: int) -> int:
+    """Sub-groups each swapper of the MLP-Offload fork keeps cached in its own swap buffers:
+    ``dist_opt_buffer_count = buffer_count // 4 - 1`` ("for p, m, v, g": four buffers each, the rest
+    for the pipeline; stage3.py ``_configure_tensor_swapping``); a cached sub-group is not flushed,
+    its swap-in operation and buffers are kept (``_optimizer_states_and_gradient_swap_out`` ->
+    pipelined_optimizer_swapper.py ``swap_in_clear_prev``)."""
+    return max(0, buffer_count // 4 - 1)
+
+
+def fork_swap_buffer_items(c: Ctx) -> list[StaticItem]:
+    """The MLP-Offload fork's pinned optimizer swap buffers, per rank: every swapper (one per path,
+    :func:`swap_paths`) builds a ``SwapBufferManager`` of ``buffer_count`` buffers of the largest
+    sub-group in fp32, each ``pin_memory(torch.zeros(...))`` (swap_tensor/utils.py
+    ``SwapBufferManager.__init__``; one pageable source at a time), rounded up to a power of two by
+    PyTorch's caching host allocator. The 70B MLP-Offload log prints two SwapBufferManagers of 25
+    buffers, largest_numel 211,816,448 (847 MB each), and the node's memory grows by 4 x 50.17 GiB
+    across them (17.94 -> 219.68 GiB): 50 buffers of 1 GiB per rank.
+
+    The fork's DRAM cache lives in these buffers (:func:`cached_subgroups_per_path`) and the optimizer
+    declares it (``DRAM cache of optimizer state``, :func:`offsim.plan.policy_plan.dram_cache_bytes`),
+    so the buffers are counted here less those bytes (at least 0), the total being the buffers'."""
+    cfg, st = c.cfg, c.st
+    groups = fp.deepspeed_sub_groups(fp.param_partitions(cfg, c.sz), st.sub_group_params)
+    one = max(groups) * DTYPE_BYTES[cfg.workload.precision.master_params]
+    total = swap_paths(cfg) * st.optimizer_buffer_count * fp.round_pinned(one, st.host_allocator)
+    held = total - min(total, dram_cache_bytes(cfg, c.sz))
+    items = [StaticItem(Tier.HOST_PINNED, whole(held), f"{SWAP_BUFFERS}, less the DRAM cache they hold")]
+    if st.pin_by_copy and st.nvme_swap_buffers == "torch_pinned":
+        source = f"{SWAP_BUFFERS}: pageable source of pin_memory()"
+        items = [StaticItem(Tier.HOST_PAGEABLE, whole(one), source), *items,
+                 StaticItem(Tier.HOST_PAGEABLE, -whole(one), source)]
+    return items
