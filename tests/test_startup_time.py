@@ -113,3 +113,25 @@ def test_input_models_are_built_on_first_validation() -> None:
             "print(before, OptConfig.__pydantic_complete__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_command_runs_with_few_young_collections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a command the youngest generation is collected every 100,000 allocations; the
+    thresholds before it are restored after, also when it exits with a status."""
+    import gc
+
+    import typer
+    from typer.testing import CliRunner
+
+    from offsim import cli
+
+    seen: list[tuple[int, ...]] = []
+    monkeypatch.setattr(typer, "echo", lambda *a, **k: seen.append(gc.get_threshold()))
+    before = gc.get_threshold()
+    result = CliRunner().invoke(cli.app, ["version"])
+    assert result.exit_code == 0
+    assert seen == [(100_000, *before[1:])]
+    assert gc.get_threshold() == before
+    with cli.few_collections(), pytest.raises(SystemExit):
+        raise SystemExit(2)
+    assert gc.get_threshold() == before

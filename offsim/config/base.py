@@ -17,10 +17,10 @@ class Frozen(BaseModel):
     number reaches the engine or the JSON it writes.
 
     ``defer_build=True`` builds a model's validator when it first validates, not when its class is
-    defined (issue 16: an ``offsim run`` defined 53 models and built each at import, ~57 ms; about
-    a third are never validated on their own there: policies the strategy does not name, the
-    readers' models, and the parts of a profile, which its parent validates). Fields, errors and
-    JSON Schemas are the same.
+    defined (issue 16: ``offsim run`` defines 47 input models, and built each at import; 32 of
+    them never validate on their own there: the policies its strategy does not name, and a
+    profile's or workload's parts, which their parent's validator covers). Fields, errors and JSON
+    Schemas are the same.
     """
 
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False, defer_build=True)
