@@ -34,19 +34,22 @@ def _tiny_with_reserve(reserved_gib: float) -> HardwareProfile:
 
 def test_quantiles_of_the_gpu_reserve_by_hand() -> None:
     """One range, the GPU's reserve x0.5-x2 on tiny with 1 GiB reserved, 4 draws: the simulated GPU
-    peak is the rest (232,802,304 B, the run at 0 GiB reserved) plus the reserve, so draw i peaks
-    at rest + f_i GiB. Over 4 sorted values x0..x3, numpy's linear quantiles sit at positions
-    0.3, 1.5 and 2.7: p10 = x0 + 0.3 (x1 - x0), p50 = (x1 + x2) / 2, p90 = x2 + 0.7 (x3 - x2).
-    The reserve moves no time: p10 = p50 = p90 = the run's 0.45143 s."""
+    peak is the rest (2,231,753,728 B, the run at 0 GiB reserved; 232,802,304 B before 447c1e1 gave
+    ZeRO-Offload DeepSpeed's ZeRO-2 IPG buffers, 2 x 5e8 x 2 B + the 8192 x 1024 x 2 B temporary =
+    2,016,777,216 B from backward's start, in place of the generic path's gradient buffers) plus
+    the reserve, so draw i peaks at rest + f_i GiB. Over 4 sorted values x0..x3, numpy's linear
+    quantiles sit at positions 0.3, 1.5 and 2.7: p10 = x0 + 0.3 (x1 - x0), p50 = (x1 + x2) / 2,
+    p90 = x2 + 0.7 (x3 - x2).
+    The reserve moves no time: p10 = p50 = p90 = the run's 0.56100 s."""
     rest = simulate(make_run_config(_tiny_with_reserve(0.0), "tiny", "zero-offload")).metrics
-    assert rest.peak_bytes.gpu == 232_802_304
+    assert rest.peak_bytes.gpu == 2_231_753_728
     cfg = make_run_config(_tiny_with_reserve(1.0), "tiny", "zero-offload")
     iv = run_intervals(cfg, [RESERVED], samples=4, seed=7)
     f = sorted(dict(d)["gpu-reserved"] for d in iv.factors)
     # Latin hypercube: one draw in each quarter of [log 0.5, log 2]
     strata = sorted(math.floor(4 * (math.log(x) - math.log(0.5)) / math.log(4)) for x in f)
     assert strata == [0, 1, 2, 3]
-    x = [232_802_304 + fi * GIB for fi in f]
+    x = [2_231_753_728 + fi * GIB for fi in f]
     expected = (x[0] + 0.3 * (x[1] - x[0]), (x[1] + x[2]) / 2, x[2] + 0.7 * (x[3] - x[2]))
     assert iv.peak_bytes["gpu"] == pytest.approx(expected, abs=1.0)  # peaks are whole bytes
     assert iv.iteration_time_s is not None

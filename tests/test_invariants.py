@@ -11,6 +11,7 @@ from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
 from offsim.plan.footprint import capacities, deepspeed_zero3_offload, state_sizes
 from offsim.plan.model import build_layers
+from offsim.systems.zero_offload import on_deepspeed_z2_grads
 from tests.conftest import small_tiny_workloads
 
 PRESETS = ["gpu-only", "zero-offload", "zero-offload-dpu", "zero-infinity-cpu", "zero-infinity-nvme"]
@@ -92,6 +93,13 @@ def test_bytes_are_conserved(cfg: RunConfig) -> None:
         fp32_bytes = part_bytes / DTYPE_BYTES[cfg.workload.precision.grads] * sz.host_grad_bytes_per_param
         assert per_it["d2h", "grad_offload"] == pytest.approx(ga * part_bytes + fp32_bytes)
         assert per_it["h2d", "grad_offload"] == pytest.approx(ga * part_bytes)
+    elif on_deepspeed_z2_grads(cfg):
+        # DeepSpeed ZeRO-2 copy_grads_in_partition (offsim/mechanisms/zero2_grads.py), the current
+        # release's d2h_every_mb: with accumulation the 16-bit sum down every micro-batch and the
+        # accumulator up after the first; the boundary's fp32 copy (4 B per element) always
+        fp32_bytes = part_bytes / DTYPE_BYTES[cfg.workload.precision.grads] * sz.host_grad_bytes_per_param
+        assert per_it["d2h", "grad_offload"] == pytest.approx((ga if ga > 1 else 0) * part_bytes + fp32_bytes)
+        assert per_it.get(("h2d", "grad_offload"), 0.0) == pytest.approx((ga - 1) * part_bytes)
     elif st.placement.grads != "gpu":
         assert per_it["d2h", "grad_offload"] == pytest.approx(ga * part_bytes)
     if st.placement.optimizer_states == "nvme":

@@ -177,7 +177,13 @@ def test_slower_than_deepspeed_offload(hardware: str, workload: str) -> None:
     hardware_facts.md section 5), and ZeRO-Offload copies 16-bit values, FSDP2 fp32 shards:
     FSDP2 offload is slower than both ZeRO-Offload and ZeRO-3 CPU offload."""
     off = run(hardware, workload, NAME).metrics.iteration_time_s
-    assert off > run(hardware, workload, "zero-offload").metrics.iteration_time_s
+    zero_offload = load_strategy("zero-offload")
+    if workload == "zero-offload-10b":  # the paper scripts' DeepSpeed config: the shipped 2 x 5e8-element
+        # IPG buffers do not fit 10B in 32 GB (447c1e1; validation case zo-v100-1gpu-10b-tflops)
+        zero_offload = zero_offload.model_copy(update={
+            "overlap_grad_offload": False, "reduce_bucket_params": 5e7,
+            "system_options": {"z12_accum_mode": "v1", "ipg_buffer_factor": 4.5}})
+    assert off > run(hardware, workload, zero_offload).metrics.iteration_time_s
     assert off > run(hardware, workload, "zero-infinity-cpu").metrics.iteration_time_s
 
 

@@ -118,7 +118,7 @@ class Zero2Grads:
         t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
         if site.position == 0:
             b.add(Alloc(Tier.GPU, self.gpu_buffer_bytes, IPG_BUFFERS), t)
-        b.add(Delay(g.ipg_copy_s), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
+        b.add(Delay(g.ipg_copy_s), tag(Activity.GRAD_ACCUMULATE, self.id, Phase.BACKWARD, u,
                                        label="gradients copied into the IPG bucket"), COMPUTE)
         deps: list[int] = []
         if self.overlap:  # the compute stream waits for the previous bucket's copies
