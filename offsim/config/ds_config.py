@@ -456,7 +456,9 @@ def _stage_fields(v: dict[str, Any], stage: int, par: str, given: set[str], note
         if fields["prefetch_depth"]:
             notes.approximations.append(
                 f"{_Z}stage3_prefetch_bucket_size {v[_Z + 'stage3_prefetch_bucket_size']:g} elements: offsim "
-                f"prefetches whole layers, {fields['prefetch_depth']} ahead (prefetch_depth)")
+                f"prefetches whole layers, {fields['prefetch_depth']} ahead (prefetch_depth), in time; the GPU "
+                f"window follows DeepSpeed's per-submodule rule with the default bucket of 5e7 elements and live "
+                f"cap of 1e9 (offsim/plan/zero3_fetch.py)")
     else:
         fields["sub_group_params"] = 1e12  # stage 1/2 step the whole partition at once (stage_1_and_2.py)
         for key in (_Z + "sub_group_size", _Z + "stage3_max_reuse_distance", _Z + "stage3_prefetch_bucket_size"):
