@@ -11,11 +11,15 @@ deepspeed_runtime.md section 1). While one module computes, the GPU holds:
   group has more than one rank (``partition_parameters.py`` ``all_gather_coalesced``: a flat
   buffer of every rank's partition, then ``AllGatherCoalescedHandle.wait`` rebuilds each
   parameter with ``torch.cat``, a second full-size copy); one rank copies its own tensor up, 1x;
-* what the prefetcher gathered ahead: issued after the current module's wait, with the budget
+* what the prefetcher gathered ahead (``fetch_sub_module``, read at DeepSpeed edaa722126): issued
+  after the current module's wait, with the budget
   ``min(stage3_max_live_parameters - n_available, stage3_prefetch_bucket_size)`` elements
   (``n_available`` counts the current module), the test before each add so the last parameter
   overshoots by at most one unit; nothing when the current module alone reaches the live cap;
-  the prefetched bucket also costs twice while its gather is in flight;
+  the prefetched bucket also costs twice while its gather is in flight; the loop stops at the
+  first parameter still on NVMe (the NVMe prefetch reads it into host buffers instead), which
+  this rule does not model: for NVMe-homed parameters it counts the bucket as if gathered (an
+  upper bound);
 * parameters retained because they are used again within ``stage3_max_reuse_distance``
   elements; at the forward-to-backward turn the k-th layer from the end is kept from its forward
   to its next use when the modules visited in between, ``(2k - 1) P_L - U + 2 P_H`` elements (the
@@ -28,12 +32,15 @@ arXiv 2104.07857, Sec. 5.1.3) splits a Linear into ``in_splits x out_splits`` su
 one by one: ``strategy.zero3_tiles_per_linear`` tiles per transformer-block weight matrix. It is
 opt-in (the model code builds it), so the default is 1.
 
-Granularity: the timeline stays per layer (a layer's fetch still moves the whole layer before
-its compute: with no prefetch, the per-module fetch-compute chain DeepSpeed runs sums to the
-same time as fetching the layer then computing it), while the memory is this exact rule: each
-layer's cache unit holds the layer's peak of gathered submodules (:func:`layer_peak_params`),
-and the cache's budget is the window (:func:`window_params`), so the engine never holds more
-than the footprint declares and prefetches a next layer only where the window leaves room.
+Granularity: the timeline stays per layer, the memory follows this rule
+(:func:`offsim.systems._part_fetch.by_submodules`). A layer's fetch still moves the whole layer
+before its compute and is prefetched and released as before: DeepSpeed's module-ahead prefetch
+overlaps the next modules' gathers with the current compute as the layer-ahead prefetch does,
+and with no prefetch the per-module fetch-compute chain sums to the same time as fetching the
+layer then computing it. Each layer holds its peak of gathered submodules
+(:func:`trace_peaks`) from its wait to its done, the cache unit nothing in between; the window
+(:func:`window_params`, the footprint's) is the largest peak plus the turn's retention, which the
+engine's GPU level does not hold. It replaces the whole-layer window only where it is smaller.
 Persistent small parameters (``stage3_param_persistence_threshold``) are not counted (offsim
 partitions every parameter, ``offsim/config/ds_config.py``).
 """
