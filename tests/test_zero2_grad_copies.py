@@ -115,3 +115,18 @@ def test_footprint_holds_the_ipg_buckets_and_the_accumulator(overlap: bool, buck
         st = cfg.strategy.model_copy(update={"system_options": {"ipg_buffer_factor": factor}})
         needs = zero_offload.compose(cfg.model_copy(update={"strategy": st})).mechanisms["grads"].footprint()
         assert [n.nbytes for n in needs] == [gpu_bytes, accumulator]
+
+
+@pytest.mark.parametrize(("z12_reduce", "factor"), [("reduce", 1), ("allreduce", 2)])
+def test_bucket_reduction_bytes_by_release(z12_reduce: str, factor: int) -> None:
+    """Two data-parallel ranks on dgx2-v100: each bucket's 16-bit gradients cross the GPU link as
+    one dist.reduce per owner (v0.3.0-v0.12.3: (dp - 1) / dp x 2 B x P per rank, a reduce-scatter's
+    bytes) or one all-reduce of the bucket (v0.12.4+: twice that); the step's all-gather of the
+    updated 16-bit partitions adds (dp - 1) / dp x 2 B x P either way."""
+    st = load_strategy("zero-offload").model_copy(update={"system_options": {"z12_reduce": z12_reduce}})
+    cfg = make_run_config("dgx2-v100", "tiny", st)
+    training = cfg.workload.training.model_copy(update={"data_parallel": 2})
+    cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"training": training})})
+    m = simulate(cfg).metrics
+    assert m.feasible, m.infeasible_reason
+    assert m.traffic_bytes.gpu_link == pytest.approx(factor * 0.5 * 2 * P + 0.5 * 2 * P, rel=1e-6)

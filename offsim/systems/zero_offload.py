@@ -44,6 +44,11 @@ class Options(Frozen):
     #: v0.3.0-v0.3.16 (stage2.py ``backward``: ``torch.empty(int(self.reduce_bucket_size * 4.5))``,
     #: one buffer, two with ``overlap_comm``), 1 from v0.4.0 (PR #1042)
     ipg_buffer_factor: float = Field(default=1.0, ge=1.0)
+    #: how a full bucket is reduced over data-parallel ranks (deepspeed_runtime.md §4, §14.9
+    #: ``z12_reduce``): ``reduce``, one async ``dist.reduce`` per owning rank's slice (v0.3.0-v0.12.3,
+    #: ``average_tensor``), about the bytes of a reduce-scatter; ``allreduce``, the bucket all-reduced
+    #: whole (``use_multi_rank_bucket_allreduce``, v0.12.4+, PR #4695), about twice that
+    z12_reduce: Literal["reduce", "allreduce"] = "allreduce"
 
 
 def on_deepspeed_z2_grads(cfg: RunConfig) -> bool:
@@ -65,7 +70,8 @@ def _layer(c: Ctx, lay: Layer) -> Z12LayerGrads | None:
     st, sz = c.st, c.sz
     local = lay.params / sz.grad_part
     lp = whole(local * c.bpp_grad)
-    reduce = c.collective(lay.params * c.bpp_grad, 1.0)
+    allreduce = read_options(st, Options).z12_reduce == "allreduce"
+    reduce = c.collective(lay.params * c.bpp_grad, 2.0 if allreduce else 1.0)
     hbm = c.cfg.hardware.gpu.hbm_bytes_per_s
     add_s = 3 * local * c.bpp_grad / hbm
     return Z12LayerGrads(2 * lay.params * c.bpp_grad / hbm, reduce, c.paths.dma(True, lp, st.pin_memory),
