@@ -10,7 +10,7 @@ ops have run the eviction policy may release it (DeepSpeed's release after use, 
 
 A layer's fetch program: hold the gathered bytes on the GPU (with DeepSpeed's per-submodule
 gather, :mod:`offsim.plan.zero3_fetch`, none: the layer's peak of gathered submodules is held on
-the compute stream from its wait to its done instead, and its fetch moves the whole layer); read
+the compute stream from its issue to its done instead, and its fetch moves the whole layer); read
 its partition from NVMe into a pinned staging buffer and copy it up (parameters on NVMe), or copy
 it up from host memory (parameters on the CPU); all-gather the partitions over the GPU link (ZeRO-3, dp > 1).
 """
@@ -23,7 +23,6 @@ from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind,
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
 from offsim.schedule.ops import (
-    CUR_MB,
     Access,
     Acquire,
     Alloc,
@@ -57,8 +56,8 @@ class LayerFetch:
     #: GPU bytes the cache unit holds from its fetch to its release (None: ``gathered_bytes``);
     #: DeepSpeed's per-submodule gather (:mod:`offsim.plan.zero3_fetch`) holds 0 there
     held_bytes: int | None = None
-    #: GPU bytes held on the compute stream from the layer's wait to its done: its submodules
-    #: gathered while it runs (the per-submodule peak; 0: none beyond the unit)
+    #: GPU bytes held on the compute stream from a site's issue to its done: the layer's
+    #: submodules gathered while it runs (the per-submodule peak; 0: none beyond the unit)
     working_bytes: int = 0
 
     @property
@@ -72,9 +71,12 @@ def gathered(layer: int) -> TensorRef:
     return TensorRef(TensorKind.PARAM16, unit=layer)
 
 
-def working(layer: int) -> TensorRef:
-    """A layer's submodules gathered while it runs in the current micro-batch."""
-    return TensorRef(TensorKind.PARAM16, unit=layer, mb=CUR_MB)
+def working(layer: int, backward: bool) -> TensorRef:
+    """A layer's submodules gathered while a forward (``group`` 0) or backward (1) site of it
+    runs: held from the site's issue to its done, stages a wrapper may emit once per unit-major
+    visit (:class:`~offsim.mechanisms.unit_visit.FetchOncePerVisit`: the issue with the first
+    micro-batch, the done with the last), so the pair stays balanced in either order."""
+    return TensorRef(TensorKind.PARAM16, unit=layer, group=1 if backward else 0)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ class ParamFetch:
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         phase = Phase.FORWARD if site.what is SiteKind.FORWARD else Phase.BACKWARD
         t = tag(Activity.PARAM_FETCH, self.id, phase, site.layer)
+        backward = site.what is SiteKind.BACKWARD
+        work = self.layers[site.layer].working_bytes if site.what in (SiteKind.FORWARD, SiteKind.BACKWARD) else 0
         if site.what is SiteKind.ITERATION_END and stage is Stage.DONE:
             # the iteration's end, before the step: counted in the optimizer phase
             b.add(Flush(CacheId.GPU_PARAMS), tag(Activity.PARAM_FETCH, self.id, Phase.OPTIMIZER), COMPUTE)
@@ -138,11 +142,11 @@ class ParamFetch:
             return
         elif stage is Stage.ISSUE:
             b.add(Access(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)
+            if work:
+                b.add(Alloc(Tier.GPU, work, working(site.layer, backward)), t, COMPUTE)
         elif stage is Stage.WAIT:
             b.add(Ready(CacheId.GPU_PARAMS, site.layer), t, COMPUTE, stall=Wait("params"))
-            if self.layers[site.layer].working_bytes:
-                b.add(Alloc(Tier.GPU, self.layers[site.layer].working_bytes, working(site.layer)), t, COMPUTE)
         elif stage is Stage.DONE:
-            if self.layers[site.layer].working_bytes:
-                b.add(Free(Tier.GPU, working(site.layer)), t, COMPUTE)
+            if work:
+                b.add(Free(Tier.GPU, working(site.layer, backward)), t, COMPUTE)
             b.add(Done(CacheId.GPU_PARAMS, site.layer), t, COMPUTE)

@@ -38,7 +38,7 @@ before its compute and is prefetched and released as before: DeepSpeed's module-
 overlaps the next modules' gathers with the current compute as the layer-ahead prefetch does,
 and with no prefetch the per-module fetch-compute chain sums to the same time as fetching the
 layer then computing it. Each layer holds its peak of gathered submodules
-(:func:`trace_peaks`) from its wait to its done, the cache unit nothing in between; the window
+(:func:`trace_peaks`) from its issue to its done, the cache unit nothing in between; the window
 (:func:`window_params`, the footprint's) is the largest peak plus the turn's retention, which the
 engine's GPU level does not hold. It replaces the whole-layer window only where it is smaller.
 Persistent small parameters (``stage3_param_persistence_threshold``) are not counted (offsim

@@ -89,7 +89,7 @@ def by_submodules(c: Ctx, fetch: ParamFetch) -> ParamFetch:
     layers, the reuse distance's measure). The memory is the submodule rule: the cache unit holds
     nothing between uses (DeepSpeed releases module by module; what it prefetches across a
     layer boundary is counted in the current layer's peak), and each layer holds its peak of
-    gathered submodules on the compute stream from its wait to its done. The footprint's window
+    gathered submodules on the compute stream from its issue to its done. The footprint's window
     adds the parameters retained at the forward-to-backward turn, which the engine's GPU level
     does not hold (its cache hits still skip their fetches)."""
     w = zero3_window(c)
