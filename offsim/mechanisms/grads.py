@@ -45,6 +45,12 @@ GRAD_SWAP_UNITS = "grad_swap_units"  # DeepSpeed's gradient swapper's pool, in M
 REDUCTION_STREAM = "grad_rs"
 
 
+def _kept(bucket: int) -> TensorRef:
+    """The part of reduce bucket ``bucket``'s boundary gradient kept on the GPU
+    (:attr:`LayerGrads.boundary_kept_gpu_bytes`)."""
+    return TensorRef(TensorKind.BUFFER, group=bucket)
+
+
 def grad_home(layer: int) -> TensorRef:
     """A layer's gradient where the optimizer reads it (written by the last micro-batch)."""
     return TensorRef(TensorKind.GRAD_OPT, unit=layer)
@@ -98,6 +104,10 @@ class LayerGrads:
         boundary_gpu_bytes: GPU bytes held from those norms until the boundary copy is done (the
             largest parameter's GPU slice and fp64 chunk; with the gradient swapper also every
             fp32 ``grad_buffer.float()`` of the bucket); 0: none.
+        boundary_kept_gpu_bytes: GPU bytes of the boundary gradient kept on the GPU for the
+            sub-groups a Deep Optimizer States step updates there (the artifact fork's stage3.py
+            ``partition_grads``: ``prefetch_optimizer_gpu_fp32_grads[i]``, deleted as its step
+            takes it), allocated at the boundary and freed when backward ends; 0: none.
     """
 
     reduce: Flow | None
@@ -121,6 +131,7 @@ class LayerGrads:
     boundary_blocking: bool = False
     boundary_norm_s: float = 0.0
     boundary_gpu_bytes: int = 0
+    boundary_kept_gpu_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -194,6 +205,9 @@ class Grads:
         norms = max((g.boundary_gpu_bytes for g in held), default=0)
         if norms > 0:  # one boundary at a time: the reduction stream runs them in issue order
             needs.append(Need(Tier.GPU, "boundary gradient norms (fp64 chunk, GPU slices)", norms))
+        kept = sum(b.flows.boundary_kept_gpu_bytes for b in self.buckets)
+        if kept > 0:
+            needs.append(Need(Tier.GPU, "gradients kept on the GPU for its sub-groups' step", kept))
         if self.host_slots is not None and off:
             biggest = max(off, key=lambda g: g.host_buffer_bytes)
             needs.append(Need(biggest.host_tier, f"grads (optimizer format), {self.host_slots} layer buffers",
@@ -218,10 +232,10 @@ class Grads:
         if self.drain_at_end and site.layer == 0:  # the last layer of backward: the epilogue's sync
             self._drain(b, site)
 
-    def _drain(self, b: BlockBuilder, site: Site) -> None:
+    def _drain(self, b: BlockBuilder, site: Site) -> int:
         """The epilogue's ``reduce_and_partition_stream.synchronize()`` after the last layer."""
         homes = tuple(grad_home(u) for u, lg in enumerate(self.layers) if lg.offloaded)
-        b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer,
+        return b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer,
                           label="waits for the reduction stream (end of backward)"), COMPUTE, reads=homes,
               stall=Wait("the reduction stream at the end of backward"))
 
@@ -232,7 +246,12 @@ class Grads:
             if bucket.flush_layer == site.layer:
                 self._bucket(b, site, k, bucket)
         if self.drain_at_end and site.layer == 0:
-            self._drain(b, site)
+            drain = self._drain(b, site)
+            if site.last_mb:  # the gradients kept on the GPU go when backward ends
+                for k, bucket in enumerate(self.buckets):
+                    if bucket.flows.boundary_kept_gpu_bytes > 0:
+                        b.add(Free(Tier.GPU, _kept(k)), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, 0),
+                              after=[drain])
 
     def _bucket(self, b: BlockBuilder, site: Site, k: int, bucket: GradBucket) -> None:
         """One bucket on DeepSpeed ZeRO-3's reduction stream (stage3.py
@@ -287,6 +306,8 @@ class Grads:
             return last
         t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer)
         last, norm_buf = self._norms(b, site, g, last, k)
+        if g.boundary_kept_gpu_bytes > 0:
+            last = b.add(Alloc(Tier.GPU, g.boundary_kept_gpu_bytes, _kept(k)), t, after=[last])
         deps = [last]
         if g.swap_units > 0:
             deps.append(b.add(Acquire(GRAD_SWAP_UNITS, g.swap_units),

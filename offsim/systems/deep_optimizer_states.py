@@ -15,15 +15,20 @@ the paper's baseline).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import cast
+
 from pydantic import Field
 
 from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
 from offsim.core.enums import ChoiceId
 from offsim.engine.hooks import ChoicePolicy
+from offsim.mechanisms.base import Mechanism
 from offsim.mechanisms.cpu_optimizer import GpuSplit, StreamedGroup
+from offsim.mechanisms.grads import GradBucket, Grads
 from offsim.plan.footprint import StateSizes
-from offsim.plan.optimizer_split import GapSplit, PerfModelSplit, SplitBytes, SplitRates
+from offsim.plan.optimizer_split import GapSplit, PerfModelSplit, SplitBytes, SplitRates, gap_gpu_groups
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
 from offsim.systems._parts import Ctx, Variants, build_ctx, gpu_adam_bpp, optimizer_dram_bpp, standard, subgroups, whole
@@ -50,11 +55,56 @@ NOTE = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chos
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
-    """The standard mechanisms, the CPU optimizer carrying the GPU split when it is on."""
+    """The standard mechanisms, the CPU optimizer carrying the GPU split when it is on; with the
+    fork's fixed gap, the gradients of the sub-groups it updates on the GPU stay there
+    (:func:`kept_on_gpu`)."""
     c = build_ctx(cfg, sz, Variants(deepspeed_grads=True))  # DeepSpeed ZeRO-3's partition_grads
     if c.st.optimizer_split != "perf-model":
         return standard(c)
-    return standard(c, gpu_split(c, subgroups(c)), (NOTE,))
+    system = standard(c, gpu_split(c, subgroups(c)), (NOTE,))
+    share = gpu_kept_share(c)
+    grads = system.mechanisms["grads"]
+    if share <= 0 or not isinstance(grads, Grads) or not grads.buckets:
+        return system
+    kept = cast("Mechanism", kept_on_gpu(c, grads, share))  # as standard() puts Grads among its mechanisms
+    return dataclasses.replace(system, mechanisms={**system.mechanisms, "grads": kept})
+
+
+def gpu_kept_share(c: Ctx) -> float:
+    """The share of the gradient elements whose sub-group the fork's fixed gap updates on the GPU
+    (:func:`~offsim.plan.optimizer_split.gap_gpu_groups` of offsim's equal sub-groups); 0 with the
+    performance model, whose choice comes at the step, after the boundary."""
+    gap = read_options(c.st, Options).prefetch_optimizer_gap
+    if gap is None:
+        return 0.0
+    n = len(subgroups(c))
+    return gap_gpu_groups(n, gap) / n
+
+
+def kept_on_gpu(c: Ctx, grads: Grads, share: float) -> Grads:
+    """The fork's boundary for its GPU-only sub-groups (DataStates/DeepSpeed deep-optimizer-states
+    stage3.py ``partition_grads``: ``get_opt_update_device(i) == PF_OPT_GPU_ONLY`` ->
+    ``gpu_fp32_grad_tensor.copy_(grad_buffer)`` into ``prefetch_optimizer_gpu_fp32_grads[i]``, a
+    GPU tensor of ``gradient_accumulation_dtype``, bf16 in the sample logs): ``share`` of each
+    bucket's elements skip the fp32 GPU cast and D2H and are copied on the GPU instead (b_acc read
+    and written), held on the GPU (b_acc each) until backward ends (the fork frees each as its
+    step takes it, ``del prefetch_optimizer_gpu_fp32_grads[next_on_gpu]``)."""
+    hg, b_acc = c.sz.host_grad_bytes_per_param, c.bpp_grad
+    hbm = c.cfg.hardware.gpu.hbm_bytes_per_s
+    out = []
+    for bucket in grads.buckets:
+        g = bucket.flows
+        if g.boundary_d2h is None:
+            out.append(bucket)
+            continue
+        local = g.boundary_d2h.nbytes / hg
+        kept = share * local
+        d2h = c.paths.dma(False, whole(local * hg) - whole(kept * hg), c.st.pin_memory)
+        gpu_s = g.boundary_norm_s + kept * (2 * b_acc - (b_acc + 4.0)) / hbm  # a 16-bit copy, not the fp32 cast
+        flows = dataclasses.replace(g, boundary_d2h=d2h, boundary_norm_s=gpu_s,
+                                    boundary_kept_gpu_bytes=whole(kept * b_acc))
+        out.append(GradBucket(bucket.pieces, bucket.flush_layer, flows, bucket.continues))
+    return dataclasses.replace(grads, buckets=tuple(out))
 
 
 def choice_policies(cfg: RunConfig, sz: StateSizes) -> dict[ChoiceId, ChoicePolicy]:
@@ -68,10 +118,13 @@ def choice_policies(cfg: RunConfig, sz: StateSizes) -> dict[ChoiceId, ChoicePoli
 
 
 def split_bytes(c: Ctx) -> SplitBytes:
-    """Bytes per parameter on each path of the split (:class:`~offsim.plan.optimizer_split.SplitBytes`)."""
+    """Bytes per parameter on each path of the split (:class:`~offsim.plan.optimizer_split.SplitBytes`);
+    with the fork's fixed gap the GPU sub-groups' gradients are already on the GPU
+    (:func:`kept_on_gpu`), so only their state comes up."""
     pl = c.st.placement
     hg, opt = c.sz.host_grad_bytes_per_param, c.sz.optimizer_bytes_per_param
-    return SplitBytes(h2d_gpu=opt + hg, d2h_gpu=opt + (c.bpp_param if pl.params != "gpu" else 0.0),
+    up = opt if gpu_kept_share(c) > 0 else opt + hg
+    return SplitBytes(h2d_gpu=up, d2h_gpu=opt + (c.bpp_param if pl.params != "gpu" else 0.0),
                       hbm_gpu=gpu_adam_bpp(c), h2d_cpu=c.bpp_param if pl.params == "gpu" else 0.0,
                       gpu_buffer=opt + hg)
 
