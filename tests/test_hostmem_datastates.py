@@ -124,3 +124,12 @@ def test_the_option_refuses_a_hand_set_cache() -> None:
     bad = st.model_copy(update={"policies": st.policies.model_copy(update={"dram_cache_gib": 10.0})})
     with pytest.raises(ConfigError, match="cache_in_swap_buffers"):
         footprint(cfg.model_copy(update={"strategy": bad}))
+
+
+def test_locked_swap_buffers_are_not_rounded() -> None:
+    """``nvme_swap_buffers: locked`` (DeepSpeed v0.19.4+, exact-size mlock): 2 x 25 buffers of the
+    largest sub-group's exact fp32 bytes."""
+    cfg = fork_cache(config(nvme_swap_buffers="locked"), 25)
+    big = largest_group(cfg)
+    pinned = footprint(cfg).breakdown["host_pinned"]
+    assert pinned[FORK_BUFFERS] + pinned[CACHE] == pytest.approx(2 * 25 * big * 4.0, abs=2.0)

@@ -179,10 +179,12 @@ def fork_swap_buffer_items(c: Ctx) -> list[StaticItem]:
     cfg, st = c.cfg, c.st
     groups = fp.deepspeed_sub_groups(fp.param_partitions(cfg, c.sz), st.sub_group_params)
     one = max(groups) * DTYPE_BYTES[cfg.workload.precision.master_params]
-    total = swap_paths(cfg) * st.optimizer_buffer_count * fp.round_pinned(one, st.host_allocator)
+    torch_pinned = st.nvme_swap_buffers == "torch_pinned"  # else locked: the exact size (footprint._swap_buffer)
+    each = fp.round_pinned(one, st.host_allocator) if torch_pinned else one
+    total = swap_paths(cfg) * st.optimizer_buffer_count * each
     held = total - min(total, dram_cache_bytes(cfg, c.sz))
     items = [StaticItem(Tier.HOST_PINNED, whole(held), f"{SWAP_BUFFERS}, less the DRAM cache they hold")]
-    if st.pin_by_copy and st.nvme_swap_buffers == "torch_pinned":
+    if st.pin_by_copy and torch_pinned:
         source = f"{SWAP_BUFFERS}: pageable source of pin_memory()"
         items = [StaticItem(Tier.HOST_PAGEABLE, whole(one), source), *items,
                  StaticItem(Tier.HOST_PAGEABLE, -whole(one), source)]
