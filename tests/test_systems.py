@@ -35,19 +35,25 @@ def test_zero_offload_dpu_hides_the_cpu_step() -> None:
 
 #: the DeepSpeed config of the paper's scripts (DeepSpeedExamples Megatron-LM/model_size_test*,
 #: validation case zo-v100-1gpu-10b-tflops): overlap_comm off, 5e7 buckets, v0.3.x behaviour
-PAPER_SCRIPTS = {"overlap_grad_offload": False, "reduce_bucket_params": 5e7,
+PAPER_SCRIPTS = {"overlap_grad_offload": False, "reduce_bucket_params": 5e7, "lp_copy": "fused_zero_copy",
                  "system_options": {"z12_accum_mode": "v1", "ipg_buffer_factor": 4.5}}
 
 
-def test_zero_offload_moves_6m_bytes_per_step() -> None:
+def test_zero_offload_release_moves_8m_bytes_per_step() -> None:
     """ZeRO-Offload Sec. 6.2.2 counts 2M bytes of fp16 gradients down and 2M of fp16 params up;
-    its release copies the gradient as fp32 (stage2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu:
-    GPU .float(), then a 4 B D2H), so one micro-batch per step moves 4M down and 2M up."""
+    the v0.3.x release its scripts ran copies the gradient as fp32 (stage2.py
+    async_inplace_copy_grad_to_fp32_buffer_from_gpu: GPU .float(), then a 4 B D2H) and its fused CPU
+    Adam step has the GPU read the fp32 parameters over PCIe (custom_cuda_kernel.cu
+    param_update_kernel, 4 B), so one micro-batch per step moves 4M down and 4M up; with the
+    separate cast of later releases 2M up."""
     st = load_strategy("zero-offload").model_copy(update=PAPER_SCRIPTS)
     m = run("dgx2-v100", variant("zero-offload-10b", grad_accumulation=1), st)
     params = load_workload("zero-offload-10b").model.total_params
     assert m.traffic_bytes.d2h == pytest.approx(4 * params)
-    assert m.traffic_bytes.h2d == pytest.approx(2 * params)
+    assert m.traffic_bytes.h2d == pytest.approx(4 * params)
+    cast = run("dgx2-v100", variant("zero-offload-10b", grad_accumulation=1),
+               st.model_copy(update={"lp_copy": "separate_cast"}))
+    assert cast.traffic_bytes.h2d == pytest.approx(2 * params)
 
 
 def test_zero_infinity_bandwidth_centric_partitioning() -> None:
