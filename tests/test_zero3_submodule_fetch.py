@@ -56,11 +56,12 @@ def test_prefetch_takes_until_the_bucket_is_reached_and_overshoots_by_one() -> N
     is taken (40 < 50), then 60 (the test comes before the add: 100), then the budget is met.
     A module already gathered (the current one) is skipped. Current 150 >= max_live: no budget."""
     rule = Zero3FetchRule(gather_copies=1, prefetch_bucket_params=50, max_live_params=150)
-    following = [(0, 0, 60), (1, 0, 40), (1, 1, 60), (2, 0, 100)]
-    assert prefetch_params((0, 0, 60), following, rule) == 100
-    assert prefetch_params((3, 0, 150), [(4, 0, 10)], rule) == 0
+    following = [(0, (0, 0), 60), (1, (1, 0), 40), (1, (1, 1), 60), (2, (2, 0), 100)]
+    assert prefetch_params((0, (0, 0), 60), following, rule) == 100
+    assert prefetch_params((3, (3, 0), 150), [(4, (4, 0), 10)], rule) == 0
     # current 100: budget min(50, 50) = 50; 10, 30 (40 < 50), then 30: 70
-    assert prefetch_params((3, 0, 100), [(4, 0, 10), (4, 1, 30), (4, 2, 30), (4, 3, 5)], rule) == 70
+    after = [(4, (4, k), n) for k, n in enumerate((10, 30, 30, 5))]
+    assert prefetch_params((3, (3, 0), 100), after, rule) == 70
 
 
 def test_layer_peaks_count_the_gather_in_flight_twice() -> None:
@@ -80,6 +81,22 @@ def test_layer_peaks_count_the_gather_in_flight_twice() -> None:
 def test_recompute_forward_precedes_each_checkpointed_backward() -> None:
     """A checkpointed block runs its modules forward again before its backward."""
     assert [u for _, _, u in fetch_trace([[1], [2, 3]], [False, True])] == [1, 2, 3, 2, 3, 3, 2, 1]
+
+
+def test_tied_head_gathers_the_embedding_again() -> None:
+    """Embedding [100], a block [40], a tied head [5] (its norm): the head gathers the embedding's
+    weight first, identity (0, 0), charged to the head. No prefetch, copies 2: the head's peak is
+    2 x 100 = 200 (was 2 x 5 = 10 untied); forward 100, 40, 100, 5, backward 5, 100, 40, 100."""
+    rule = Zero3FetchRule(gather_copies=2, prefetch_bucket_params=0)
+    trace = fetch_trace([[100], [40], [5]], [False, False, False], tied_head=True)
+    assert [(layer, u) for layer, _, u in trace] == [(0, 100), (1, 40), (2, 100), (2, 5), (2, 5), (2, 100),
+                                                     (1, 40), (0, 100)]
+    assert trace_peaks(trace, 3, rule) == [200, 80, 200]
+    assert trace_peaks(fetch_trace([[100], [40], [5]], [False] * 3), 3, rule) == [200, 80, 10]
+    # with a bucket of 50, the head's norm (forward) current: the backward's norm is the same
+    # parameter (skipped), then the tied weight is taken whole, 100 (the one-unit overshoot)
+    bucket = Zero3FetchRule(gather_copies=1, prefetch_bucket_params=50, max_live_params=1e9)
+    assert prefetch_params(trace[3], trace[4:], bucket) == 100
 
 
 def test_retention_at_the_turn_follows_the_reuse_distance() -> None:

@@ -102,24 +102,25 @@ def fetch_units(model: ModelShape, layer: Layer, tiles_per_linear: int = 1) -> l
     return out
 
 
-#: one module of the fetch trace: (layer, its unit's index in the layer, elements)
-Module = tuple[int, int, int]
+#: one module of the fetch trace: (the layer it runs in, its identity (layer, unit index) of the
+#: parameter it gathers, elements); a tied LM head gathers the embedding's, identity (0, 0)
+Module = tuple[int, tuple[int, int], int]
 
 
 def prefetch_params(current: Module, following: Sequence[Module], rule: Zero3FetchRule) -> float:
     """Elements the prefetcher gathers ahead once ``current`` is gathered: the modules of
     ``following`` (the trace after it) in order while their sum is under the budget
     ``min(max_live - current, bucket)``, the test before each add (so the last one overshoots);
-    a module already gathered (the current one, or one taken) is skipped; 0 when the budget is
+    a parameter already gathered (the current one, or one taken) is skipped; 0 when the budget is
     not positive (``fetch_sub_module``'s prefetch step, deepspeed_runtime.md section 1)."""
     budget = min(rule.max_live_params - current[2], rule.prefetch_bucket_params)
-    taken, seen = 0.0, {current[:2]}
-    for m in following:
+    taken, seen = 0.0, {current[1]}
+    for _, ident, n in following:
         if taken >= budget:
             break
-        if m[:2] not in seen:
-            seen.add(m[:2])
-            taken += m[2]
+        if ident not in seen:
+            seen.add(ident)
+            taken += n
     return taken
 
 
@@ -134,14 +135,18 @@ def trace_peaks(trace: Sequence[Module], n_layers: int, rule: Zero3FetchRule) ->
     return peaks
 
 
-def fetch_trace(units: Sequence[Sequence[int]], recompute: Sequence[bool]) -> list[Module]:
+def fetch_trace(units: Sequence[Sequence[int]], recompute: Sequence[bool], tied_head: bool = False) -> list[Module]:
     """The modules of one micro-batch in fetch order: forward over the layers, then backward in
     reverse, a checkpointed layer's recompute forward before its backward (the order DeepSpeed's
-    trace records, deepspeed_runtime.md section 1)."""
-    out = [(i, k, u) for i, us in enumerate(units) for k, u in enumerate(us)]
+    trace records, deepspeed_runtime.md section 1); with ``tied_head`` the last layer (the LM
+    head) first gathers the embedding's first unit, the tied weight (an external parameter of
+    the head module, ``ZeROOrderedDict.__getitem__``)."""
+    mods = [[(i, (i, k), u) for k, u in enumerate(us)] for i, us in enumerate(units)]
+    if tied_head and len(units) > 1 and units[0]:
+        mods[-1] = [(len(units) - 1, (0, 0), units[0][0]), *mods[-1]]
+    out = [m for ms in mods for m in ms]
     for i in reversed(range(len(units))):
-        mods = [(i, k, u) for k, u in enumerate(units[i])]
-        out += (mods if recompute[i] else []) + mods[::-1]
+        out += (mods[i] if recompute[i] else []) + mods[i][::-1]
     return out
 
 
@@ -174,7 +179,8 @@ def window_params(model: ModelShape, layers: Sequence[Layer], recompute: Sequenc
     """Per layer the peak of gathered submodules (:func:`trace_peaks` over :func:`fetch_trace`),
     and the window: the largest peak plus :func:`retained_params`."""
     units = [fetch_units(model, lay, rule.tiles_per_linear) for lay in layers]
-    peaks = trace_peaks(fetch_trace(units, recompute), len(layers), rule)
+    tied = model.tied_embeddings and layers[-1].name == "head"
+    peaks = trace_peaks(fetch_trace(units, recompute, tied), len(layers), rule)
     largest = [max(u, default=0) for u in units]
     blocks = [(lay.params, big) for lay, big in zip(layers, largest, strict=True) if lay.is_block]
     head = largest[0] if model.tied_embeddings else largest[-1]  # a tied head gathers the embedding
