@@ -151,7 +151,8 @@ _Role = tuple[str, bool, "Slots | None", bool, bool, Callable[["Node"], None], C
 
 
 class Executor:
-    """One run of a schedule; :meth:`run` returns the SimPy events processed."""
+    """One run of a schedule; :meth:`run` returns the events processed (the entries of its
+    :class:`~offsim.engine.soon.Clock`, each the SimPy event the engine processed before)."""
 
     def __init__(self, schedule: Schedule, machine: Machine, policies: dict[CacheId, CachePolicy],
                  recorder: Recorder, on_iteration: Callable[[int, int], None] | None = None,
