@@ -2,6 +2,7 @@
 
     python benchmarks/bench_process.py                  # 15 rounds
     python benchmarks/bench_process.py -n 31 --json
+    python benchmarks/bench_process.py -n 9 --repeats 3  # and each ratio's range over 3 repeats
     python benchmarks/bench_process.py --rev 52a8555 --rev HEAD  # and those of committed revisions
 
 Each round starts, one after the other, a fresh interpreter for each of:
@@ -113,27 +114,43 @@ def archive(rev: str, folder: Path) -> Path:
     return folder
 
 
+def report(figures: list[dict[str, dict[str, float]]]) -> None:
+    """Print each process's median wall and CPU time and its ratio to the bare imports'; with
+    several repeats, the ratios' range over them (each repeat's ratio of its own medians)."""
+    def ratios(key: str, name: str) -> list[float]:
+        return [f[name][key] / f["bare imports"][key] for f in figures]
+
+    last = figures[-1]
+    print(f"{'process':<40} {'wall':>8} {'/ bare':>7} {'CPU':>8} {'/ bare':>7}"
+          + ("   wall / bare, CPU / bare over the repeats" if len(figures) > 1 else ""))
+    for name, f in last.items():
+        wall, cpu = ratios("wall_s", name), ratios("cpu_s", name)
+        spread = (f"   {min(wall):.2f}-{max(wall):.2f}x, {min(cpu):.2f}-{max(cpu):.2f}x"
+                  if len(figures) > 1 else "")
+        print(f"{name:<40} {f['wall_s']:>7.3f}s {wall[-1]:>6.2f}x {f['cpu_s']:>7.3f}s {cpu[-1]:>6.2f}x{spread}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", "--rounds", type=int, default=15, help="rounds (median over them; default 15)")
-    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measure this many times (each its own rounds and medians); the table is the "
+                         "last one's, with each ratio's range over all of them (default 1)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON (a list, one per repeat)")
     ap.add_argument("--rev", action="append", default=[],
                     help="also measure the offsim processes of this git revision (repeatable)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         PYCACHE["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         trees = {rev: archive(rev, Path(tmp) / str(i)) for i, rev in enumerate(args.rev)}
-        figures = measure(args.rounds, processes(trees))
+        figures = [measure(args.rounds, processes(trees)) for _ in range(args.repeats)]
     if args.json:
-        print(json.dumps(figures, indent=2))
+        print(json.dumps(figures if args.repeats > 1 else figures[0], indent=2))
         return
-    base = figures["bare imports"]
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; median of {args.rounds} rounds")
-    print(f"{'process':<40} {'wall':>8} {'/ bare':>7} {'CPU':>8} {'/ bare':>7}")
-    for name, f in figures.items():
-        print(f"{name:<40} {f['wall_s']:>7.3f}s {f['wall_s'] / base['wall_s']:>6.2f}x "
-              f"{f['cpu_s']:>7.3f}s {f['cpu_s'] / base['cpu_s']:>6.2f}x")
+          f"{platform.python_version()}; median of {args.rounds} rounds, {args.repeats} repeat(s); load "
+          f"average {os.getloadavg()[0]:.1f}")
+    report(figures)
 
 
 if __name__ == "__main__":
