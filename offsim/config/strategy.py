@@ -187,6 +187,18 @@ class Strategy(Frozen):
                     "model code as this many tiles (in_splits x out_splits), each its own submodule that "
                     "ZeRO-3 gathers and releases alone; 1: no tiling, DeepSpeed's default (opt-in, model code)",
     )
+    zero3_prefetch_bucket_params: float = Field(
+        default=5e7, ge=0,
+        description="ZeRO-3 stage3_prefetch_bucket_size (elements): what the prefetcher gathers ahead of the current "
+                    "submodule (runtime/zero/config.py default 5e7; the docs' 5e8 is not the code's); sizes the "
+                    "gathered-parameter window (offsim/plan/zero3_fetch.py), prefetch_depth sets the time",
+    )
+    zero3_max_live_params: float = Field(
+        default=1e9, ge=0,
+        description="ZeRO-3 stage3_max_live_parameters (elements, default 1e9, runtime/zero/config.py): the prefetch "
+                    "budget is min(this - gathered, prefetch bucket); the current submodule is gathered whole "
+                    "regardless (partitioned_param_coordinator.py fetch_sub_module)",
+    )
     # DeepSpeed ZeRO-3 offload host buffers (v0.16.9 source) and MemAscend's fixes (Liaw and
     # Chen, arXiv 2505.23254): used when the strategy runs DeepSpeed's ZeRO-3 offload path
     # (offsim.plan.footprint.deepspeed_zero3_offload); the defaults are DeepSpeed's behaviour.
