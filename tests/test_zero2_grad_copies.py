@@ -130,3 +130,17 @@ def test_bucket_reduction_bytes_by_release(z12_reduce: str, factor: int) -> None
     m = simulate(cfg).metrics
     assert m.feasible, m.infeasible_reason
     assert m.traffic_bytes.gpu_link == pytest.approx(factor * 0.5 * 2 * P + 0.5 * 2 * P, rel=1e-6)
+
+
+def test_each_accumulator_is_its_own_pinned_tensor() -> None:
+    """The 10B workload (GAS 51): one pinned 16-bit accumulator per parameter tensor, each rounded
+    up to a power of two by PyTorch's caching host allocator. 2 B x 10,279,239,680 = 20,558,479,360 B
+    exact; rounding moves the 50304 x 4096 embedding (412,090,368 -> 536,870,912 B) and each block's
+    53,248-element norms-and-biases remainder (106,496 -> 131,072 B; offsim lumps them as one tensor),
+    the other tensors being powers of two already: + 124,780,544 + 50 x 24,576 = 20,684,488,704 B."""
+    from offsim.systems import zero_offload
+    for allocator, want in (("caching", 20_684_488_704), ("exact", 20_558_479_360)):
+        st = load_strategy("zero-offload").model_copy(update={"host_allocator": allocator})
+        system = zero_offload.compose(make_run_config("dgx2-v100", "zero-offload-10b", st))
+        needs = system.mechanisms["grads"].footprint()
+        assert needs[1].nbytes == want

@@ -89,14 +89,16 @@ class Z12LayerGrads:
 class Zero2Grads:
     """DeepSpeed ZeRO-1/2 offload gradients per layer (module docstring); ``overlap``:
     ``overlap_comm``; ``accumulate``: more than one micro-batch per step; ``gpu_buffer_bytes``:
-    the IPG bucket(s) and ``temp_grad_buffer_for_gpu_offload``; ``accumulator_bytes``: the pinned
-    16-bit CPU accumulators (whole owned parameters, created at the first micro-batch)."""
+    the IPG bucket(s) and ``temp_grad_buffer_for_gpu_offload``; ``accumulator_bytes``: the 16-bit
+    CPU accumulators (whole owned parameters, created at the first micro-batch) in
+    ``accumulator_tier``."""
 
     layers: tuple[Z12LayerGrads | None, ...]
     overlap: bool
     mode: Z12AccumMode
     gpu_buffer_bytes: int
     accumulator_bytes: int
+    accumulator_tier: Tier = Tier.HOST_PINNED
     id: MechanismId = MechanismId.GRADS
 
     def setup(self) -> Setup:
@@ -106,7 +108,7 @@ class Zero2Grads:
     def footprint(self) -> tuple[Need, ...]:
         """The GPU buffers and, when accumulating, the pinned 16-bit accumulators."""
         return (Need(Tier.GPU, "ZeRO-2 reduce bucket and offload buffer", self.gpu_buffer_bytes),
-                Need(Tier.HOST_PINNED, "16-bit CPU gradient accumulator", self.accumulator_bytes))
+                Need(self.accumulator_tier, "16-bit CPU gradient accumulator", self.accumulator_bytes))
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         if site.what is not SiteKind.BACKWARD or stage is not Stage.AFTER:

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
+from offsim.core.enums import Tier
 from offsim.mechanisms.zero2_grads import Z12LayerGrads, Zero2Grads
 from offsim.plan import footprint as fp
 from offsim.plan.deepspeed_versions import DEFAULT_Z12_ACCUM_MODE, Z12AccumMode
@@ -84,17 +85,30 @@ def zero2_grads(c: Ctx) -> Zero2Grads:
     holds ``reduce_bucket_size`` x ``ipg_buffer_factor`` 16-bit elements (two buffers with
     ``overlap_comm``, stage2.py ``ipg_buffer``, allocated at full size whatever the model) and
     ``temp_grad_buffer_for_gpu_offload`` (the largest parameter); the host,
-    with accumulation, a 16-bit accumulator per owned parameter."""
-    st, sz = c.st, c.sz
+    with accumulation, a 16-bit accumulator per owned parameter (:func:`_accumulator_bytes`)."""
+    st = c.st
     model = c.cfg.workload.model
     largest = max((n for lay in c.layers for n in fp.layer_tensors(model, lay)), default=0)
-    owned = sum(lay.params for lay in c.layers) / sz.grad_part
     opts = read_options(st, Options)
     bucket = st.reduce_bucket_params * opts.ipg_buffer_factor * (2 if st.overlap_grad_offload else 1)
     accumulate = c.cfg.workload.training.grad_accumulation > 1
     return Zero2Grads(tuple(_layer(c, lay) for lay in c.layers), st.overlap_grad_offload,
                       Z12AccumMode(opts.z12_accum_mode), whole((bucket + largest) * c.bpp_grad),
-                      whole(owned * c.bpp_grad) if accumulate else 0)
+                      whole(_accumulator_bytes(c)) if accumulate else 0,
+                      Tier.HOST_PINNED if st.pin_memory else Tier.HOST_PAGEABLE)
+
+
+def _accumulator_bytes(c: Ctx) -> float:
+    """The 16-bit CPU accumulators: one tensor per owned parameter, whole
+    (``async_accumulate_grad_in_cpu_via_gpu``: ``torch.zeros(param.numel()).pin_memory()``), each
+    rounded as ``host_allocator`` says when pinned (PyTorch's CachingHostAllocator: a power of two,
+    :func:`offsim.plan.footprint.round_pinned`); a rank owns about 1 / partitions of them. Pinned
+    iff ``pin_memory`` (v0.10.1+, PR #4131; earlier releases always pinned them)."""
+    model = c.cfg.workload.model
+    sizes = [n * c.bpp_grad for lay in c.layers for n in fp.layer_tensors(model, lay)]
+    if c.st.pin_memory:
+        sizes = [fp.round_pinned(b, c.st.host_allocator) for b in sizes]
+    return sum(sizes) / c.sz.grad_part
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
