@@ -67,6 +67,7 @@ MAPPED: dict[str, Key] = {
     _Z + "stage": Key(0, ZERO), _Z + "sub_group_size": Key(1e9, ZERO),
     _Z + "reduce_bucket_size": Key(5e8, ZERO), _Z + "stage3_prefetch_bucket_size": Key(5e7, ZERO),
     _Z + "stage3_max_reuse_distance": Key(1e9, ZERO), _Z + "overlap_comm": Key(None, ZERO),
+    _Z + "stage3_max_live_parameters": Key(1e9, ZERO),
     _OO + "device": Key("none", OFFLOAD), _OO + "pin_memory": Key(True, OFFLOAD),
     _OO + "buffer_count": Key(4, OFFLOAD), _OO + "pipeline_read": Key(False, OFFLOAD),
     _OO + "pipeline_write": Key(False, OFFLOAD), _OO + "ratio": Key(1.0, OFFLOAD),
@@ -97,9 +98,8 @@ IGNORED: dict[str, Key] = {
         "contiguous_gradients", "reduce_scatter", "allgather_partitions", "allgather_bucket_size",
         "round_robin_gradients", "use_multi_rank_bucket_allreduce", "stage3_use_all_reduce_for_fetch_params",
         "stage3_allgather_sequential", "stage3_module_granularity_threshold"))),
-    **_ignored(ZERO, "not modelled: offsim partitions every parameter (no small-parameter persistence, no "
-               "live-parameter cap beyond the GPU memory)", _Z + "stage3_param_persistence_threshold",
-               _Z + "stage3_model_persistence_threshold", _Z + "stage3_max_live_parameters"),
+    **_ignored(ZERO, "not modelled: offsim partitions every parameter (no small-parameter persistence)",
+               _Z + "stage3_param_persistence_threshold", _Z + "stage3_model_persistence_threshold"),
     **_ignored(ZERO, "not expressible in offsim: ZeRO++ / MiCS / quantized weights change the collectives",
                *(_Z + k for k in ("zero_hpz_partition_size", "zero_quantized_weights",
                                   "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
@@ -453,15 +453,18 @@ def _stage_fields(v: dict[str, Any], stage: int, par: str, given: set[str], note
     if stage == 3:
         fields["sub_group_params"] = float(v[_Z + "sub_group_size"])
         fields["reuse_distance_params"] = float(v[_Z + "stage3_max_reuse_distance"])
+        fields["zero3_prefetch_bucket_params"] = float(v[_Z + "stage3_prefetch_bucket_size"])
+        fields["zero3_max_live_params"] = float(v[_Z + "stage3_max_live_parameters"])
         if fields["prefetch_depth"]:
             notes.approximations.append(
                 f"{_Z}stage3_prefetch_bucket_size {v[_Z + 'stage3_prefetch_bucket_size']:g} elements: offsim "
                 f"prefetches whole layers, {fields['prefetch_depth']} ahead (prefetch_depth), in time; the GPU "
-                f"window follows DeepSpeed's per-submodule rule with the default bucket of 5e7 elements and live "
-                f"cap of 1e9 (offsim/plan/zero3_fetch.py)")
+                f"window follows DeepSpeed's per-submodule rule with this bucket and the live cap "
+                f"(offsim/plan/zero3_fetch.py)")
     else:
         fields["sub_group_params"] = 1e12  # stage 1/2 step the whole partition at once (stage_1_and_2.py)
-        for key in (_Z + "sub_group_size", _Z + "stage3_max_reuse_distance", _Z + "stage3_prefetch_bucket_size"):
+        for key in (_Z + "sub_group_size", _Z + "stage3_max_reuse_distance", _Z + "stage3_prefetch_bucket_size",
+                    _Z + "stage3_max_live_parameters"):
             if key in given:
                 notes.ignored.append(f"{key}: DeepSpeed uses it only at stage 3 (stage is {stage})")
     return fields
@@ -621,8 +624,8 @@ def ds_config_from_strategy(st: Strategy) -> dict[str, Any]:
     if stage == 3:
         zero["sub_group_size"] = round(st.sub_group_params)
         zero["stage3_max_reuse_distance"] = round(st.reuse_distance_params)
-        if st.prefetch_depth == 0:
-            zero["stage3_prefetch_bucket_size"] = 0
+        zero["stage3_prefetch_bucket_size"] = 0 if st.prefetch_depth == 0 else round(st.zero3_prefetch_bucket_params)
+        zero["stage3_max_live_parameters"] = round(st.zero3_max_live_params)
     cfg: dict[str, Any] = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
                            "gradient_accumulation_steps": "auto",
                            "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}}
