@@ -8,6 +8,7 @@ import pytest
 
 import offsim.systems._part_fetch as part_fetch
 from offsim import load_profile, load_strategy, load_workload, make_run_config, simulate
+from offsim.config.ds_config import ds_config_from_strategy, reading_from_ds_config
 from offsim.config.run import RunConfig
 from offsim.fit_check import footprint
 from offsim.plan.footprint import state_sizes
@@ -151,3 +152,28 @@ def test_one_trillion_model_window_by_hand() -> None:
     case = next(c for c in load_cases(default_cases_path()) if c.id == "zi-1t-fits-one-dgx2")
     cfg = case_config(case)
     assert footprint(cfg).breakdown["gpu"][WINDOW] == 11_796_480_000
+
+
+def test_prefetch_bucket_is_a_strategy_input() -> None:
+    """The 1024-vocab tiny, prefetch one layer ahead, bucket 1e6 elements, no reuse distance, one
+    rank. FC1 (4,194,304) current: budget min(1e9 - 4,194,304, 1e6) = 1e6, the next unit FC2 is
+    taken whole: 8,388,608 elements (FC2 current in forward takes the norms, 2048, and the next
+    block's Wq, 1,048,576: 5,244,928; in backward it takes FC1: 8,388,608). Window 8,388,608 x 2 B
+    = 16,777,216 B. With DeepSpeed's default 5e7 the bucket covers the whole tiny model and the
+    whole-layer rule is the smaller: two blocks, 2 x 25,169,920 = 50,339,840 B."""
+    cfg = _tiny_small_vocab_config(1, prefetch_depth=1)
+    small = cfg.model_copy(update={"strategy": cfg.strategy.model_copy(update={"zero3_prefetch_bucket_params": 1e6})})
+    assert footprint(small).breakdown["gpu"][WINDOW] == 16_777_216
+    assert footprint(cfg).breakdown["gpu"][WINDOW] == 50_339_840
+
+
+def test_ds_config_sets_the_bucket_and_the_live_cap() -> None:
+    """stage3_prefetch_bucket_size and stage3_max_live_parameters reach the strategy, and are
+    written back when a strategy is exported."""
+    ds = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                                "offload_optimizer": {"device": "cpu"},
+                                "stage3_prefetch_bucket_size": 1e6, "stage3_max_live_parameters": 3e8}}
+    st = reading_from_ds_config(ds, "z3.json").strategy
+    assert (st.zero3_prefetch_bucket_params, st.zero3_max_live_params) == (1e6, 3e8)
+    zero = ds_config_from_strategy(st)["zero_optimization"]
+    assert (zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"]) == (1_000_000, 300_000_000)

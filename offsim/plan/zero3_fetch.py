@@ -57,10 +57,10 @@ from offsim.plan.model import Layer
 
 #: ``stage3_prefetch_bucket_size`` as DeepSpeed's code defaults it (elements;
 #: ``runtime/zero/config.py`` ``DeepSpeedZeroConfig.prefetch_bucket_size`` 5e7; the docs say 5e8,
-#: deepspeed_runtime.md section 0)
+#: deepspeed_runtime.md section 0); a strategy sets it (``zero3_prefetch_bucket_params``)
 PREFETCH_BUCKET_PARAMS = 5e7
 #: ``stage3_max_live_parameters`` default (elements; ``runtime/zero/config.py``
-#: ``DeepSpeedZeroConfig.max_live_parameters`` 1e9)
+#: ``DeepSpeedZeroConfig.max_live_parameters`` 1e9); a strategy sets it (``zero3_max_live_params``)
 MAX_LIVE_PARAMS = 1e9
 
 

@@ -18,7 +18,7 @@ from offsim.plan.policy_plan import (
     gpu_param_window_layers,
     param_window_bytes,
 )
-from offsim.plan.zero3_fetch import PREFETCH_BUCKET_PARAMS, Zero3FetchRule, Zero3Window, window_params
+from offsim.plan.zero3_fetch import Zero3FetchRule, Zero3Window, window_params
 from offsim.policies.lookahead import LookaheadConfig
 from offsim.policies.reuse_distance import ReuseDistanceConfig
 from offsim.systems._ctx import Ctx, whole
@@ -71,12 +71,14 @@ def on_zero3_submodule_fetch(c: Ctx) -> bool:
 def zero3_window(c: Ctx) -> Zero3Window:
     """The submodule rule's window for ``c`` (:func:`offsim.plan.zero3_fetch.window_params`):
     tiles from ``strategy.zero3_tiles_per_linear``, two copies in flight when the partition group
-    has more than one rank, DeepSpeed's default bucket (none when ``prefetch_depth`` is 0: a
-    zero ``stage3_prefetch_bucket_size``) and live cap, the strategy's reuse distance."""
-    rule = Zero3FetchRule(tiles_per_linear=c.st.zero3_tiles_per_linear,
+    has more than one rank, the strategy's prefetch bucket (none when ``prefetch_depth`` is 0: a
+    zero ``stage3_prefetch_bucket_size``), live cap and reuse distance."""
+    st = c.st
+    rule = Zero3FetchRule(tiles_per_linear=st.zero3_tiles_per_linear,
                           gather_copies=2 if c.sz.param_part > 1 else 1,
-                          prefetch_bucket_params=PREFETCH_BUCKET_PARAMS if c.st.prefetch_depth > 0 else 0.0,
-                          reuse_distance_params=c.st.reuse_distance_params)
+                          prefetch_bucket_params=st.zero3_prefetch_bucket_params if st.prefetch_depth > 0 else 0.0,
+                          max_live_params=st.zero3_max_live_params,
+                          reuse_distance_params=st.reuse_distance_params)
     return window_params(c.cfg.workload.model, c.layers, c.recompute, rule)
 
 
