@@ -207,3 +207,26 @@ def test_cli_round_trip_export_then_run(name: str, tmp_path: Path) -> None:
         return {key: doc[key] for key in ("iteration_time_s", "peak_bytes", "traffic_bytes")}
 
     assert run(str(out)) == run(name)
+
+
+
+def test_zero2_offload_takes_deepspeeds_gradient_path_from_a_ds_config_or_a_custom_file(tmp_path: Path) -> None:
+    """A user's stage-2 CPU-offload ds_config (read as the zero-offload system) and a custom
+    strategy file with the same knobs (no system named) both compose DeepSpeed's ZeRO-2 gradient
+    copies (offsim/mechanisms/zero2_grads.py, stage2.py copy_grads_in_partition); stage 3 does not."""
+    from offsim.config.run import RunConfig
+    from offsim.mechanisms.zero2_grads import Zero2Grads
+    from offsim.systems._registry import compose
+    from tests.conftest import strategy
+
+    path = tmp_path / "z2.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}))
+    cfg = make_run_config("tiny", "tiny", str(path), iterations=2)
+    assert isinstance(compose(cfg).mechanisms["grads"], Zero2Grads)
+    knobs = {"zero_stage": 2, "optimizer_device": "cpu",
+             "placement": {"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"}}
+    custom = RunConfig(hardware=cfg.hardware, workload=cfg.workload, strategy=strategy(**knobs))
+    assert custom.strategy.system == "custom"
+    assert isinstance(compose(custom).mechanisms["grads"], Zero2Grads)
+    stage3 = RunConfig(hardware=cfg.hardware, workload=cfg.workload, strategy=strategy(**{**knobs, "zero_stage": 3}))
+    assert not isinstance(compose(stage3).mechanisms["grads"], Zero2Grads)
