@@ -15,7 +15,6 @@ from offsim.config.run import RunConfig, make_run_config
 from offsim.core.enums import Link, Res
 from offsim.plan import host_pages
 from offsim.schedule.ops import Flow
-from offsim.systems._part_grads import _with_first_touch
 
 MIB = 2**20
 TOUCH_S_PER_BYTE = 0.3266 / 2**30  # dask-cuda PR #98: a new 1 GiB numpy array touched in 0.3266 s
@@ -46,17 +45,17 @@ def test_only_temporaries_of_32_mib_or_more_are_fresh() -> None:
     """glibc's DEFAULT_MMAP_THRESHOLD_MAX (32 MiB on 64-bit): 32 MiB and 100 MiB are new
     mappings, 32 MiB - 1 B reuses the heap: 132 MiB."""
     assert host_pages.fresh_bytes([32 * MIB, 32 * MIB - 1, 100 * MIB]) == 132 * MIB
-    assert host_pages.first_touch_s(2**30) == pytest.approx(0.3266)
+    assert host_pages.first_touch_s(2**30, 2**30 / 0.3266) == pytest.approx(0.3266)
 
 
 def test_first_touch_runs_in_series_with_the_copy() -> None:
     """A 1e9 B pageable D2H capped at 0.5 GB/s (2 s) with 2**29 B of fresh pages: 2 + 0.1633 s,
     cap 1e9 / 2.1633 B/s; DRAM gains 2**29 / 1e9 of a byte per byte (the kernel's zeroing)."""
     flow = Flow(10**9, ((Res.D2H, 1.0), (Res.DRAM, 3.0), (Res.MEMCPY, 2.0)), 5e8, (Link.D2H,), copy_engine=True)
-    got = _with_first_touch(flow, 2**29)
+    got = host_pages.with_first_touch(flow, 2**29, 2**30 / 0.3266)
     assert got.nbytes / got.cap_bytes_per_s == pytest.approx(2.0 + 0.1633)
     assert dict(got.usage) == pytest.approx({Res.D2H: 1.0, Res.DRAM: 3.0 + 2**29 / 1e9, Res.MEMCPY: 2.0})
-    assert _with_first_touch(flow, 0.0) is flow
+    assert host_pages.with_first_touch(flow, 0.0, 2**30 / 0.3266) is flow
 
 
 def test_tiny_tensors_below_the_threshold_pay_no_fault() -> None:

@@ -193,6 +193,11 @@ class GPU(Frozen):
         return _loglinear(self.gemm_efficiency, flop / 1e9)
 
 
+#: one thread's first touch of fresh 4 KiB host pages, GB/s: 1 GiB in 0.3266 s (rapidsai/dask-cuda
+#: PR #98, the "alloc" figure of its device_to_host split)
+DASK_CUDA_98_PAGE_TOUCH_GB_PER_S = 2**30 / 0.3266 / GB
+
+
 class CPU(Frozen):
     """Host CPUs of one node.
 
@@ -210,6 +215,13 @@ class CPU(Frozen):
         optimizer_impl: the optimizer implementation a measured rate was taken with.
         memcpy_gb_per_s: bandwidth of the host copies offsim charges (pageable staging,
             fp32->fp16 casts), GB/s.
+        page_touch_gb_per_s: first touch of fresh anonymous host pages by one thread (fault,
+            kernel zeroing, page-table entry), GB/s, as a copy into a new pageable temporary
+            pays it (:mod:`offsim.plan.host_pages`). Default: 1 GiB in 0.3266 s, 3.29 GB/s, with
+            4 KiB pages (rapidsai/dask-cuda PR #98, a new 1 GiB ``numpy.empty`` touched once per
+            page on a GV100 workstation); with transparent huge pages ``always`` host memory is
+            allocated at about 5 GB/s (dask-cuda issue #106, a DGX-1). Which one a host runs is
+            its kernel's THP setting.
     """
 
     model: str
@@ -222,6 +234,7 @@ class CPU(Frozen):
     optimizer_rate_origin: RateOrigin = Field(default=RateOrigin.MEASURED, strict=False)
     optimizer_impl: str = "deepspeed-cpu-adam"
     memcpy_gb_per_s: float = Field(gt=0)
+    page_touch_gb_per_s: float = Field(default=DASK_CUDA_98_PAGE_TOUCH_GB_PER_S, gt=0)
     power_w: float | None = Field(default=None, gt=0)
     price_usd: float | None = Field(default=None, ge=0)
 
@@ -235,6 +248,11 @@ class CPU(Frozen):
     def memcpy_bytes_per_s(self) -> float:
         """Host memcpy bandwidth, bytes/s."""
         return self.memcpy_gb_per_s * GB
+
+    @property
+    def page_touch_bytes_per_s(self) -> float:
+        """First touch of fresh host pages by one thread, bytes/s."""
+        return self.page_touch_gb_per_s * GB
 
     def adam_host(self, dram_bytes_per_s: float) -> CpuHost:
         """This CPU as :mod:`offsim.plan.cpu_adam` sees it, with the node's DRAM bandwidth (B/s)."""

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 from offsim.config.workload import DTYPE_BYTES
-from offsim.core.enums import Res
 from offsim.mechanisms.grads import GradBucket, Grads, LayerGrads, LayerUpdate
 from offsim.plan import footprint as fp
 from offsim.plan import host_pages
 from offsim.plan.deepspeed_versions import Z3Fp32GradCopy
 from offsim.plan.model import Layer, ReduceBucket, reduce_buckets
-from offsim.schedule.ops import Flow
 from offsim.systems._ctx import Ctx, whole
 from offsim.systems._part_optimizer import gpu_adam_bpp, optimizer_dram_bpp, storage
 
@@ -154,18 +151,6 @@ def _boundary_gpu_work(c: Ctx, local: float, biggest: float, gpu_cast: bool, swa
             "boundary_gpu_bytes": whole(held) if c.st.placement.params == "gpu" else 0}
 
 
-def _with_first_touch(flow: Flow, fresh_bytes: float) -> Flow:
-    """A pageable D2H whose destination holds ``fresh_bytes`` of fresh pages: the host thread
-    that copies out of the driver's staging buffer faults them in first
-    (:func:`offsim.plan.host_pages.first_touch_s`), in series with the copy; the kernel zeroes
-    each page (one more DRAM write per fresh byte)."""
-    if fresh_bytes <= 0 or flow.nbytes <= 0:
-        return flow
-    seconds = flow.nbytes / flow.cap_bytes_per_s + host_pages.first_touch_s(fresh_bytes)
-    usage = tuple((r, k + fresh_bytes / flow.nbytes) if r is Res.DRAM else (r, k) for r, k in flow.usage)
-    return replace(flow, usage=usage, cap_bytes_per_s=flow.nbytes / seconds)
-
-
 def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fresh: float = 0.0,
                      biggest: float = 0.0) -> dict[str, Any]:
     """A layer's :class:`LayerGrads` fields on DeepSpeed's ZeRO-3 path (``local``: its gradient
@@ -177,8 +162,9 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fres
     says; else the copy into the fp32 gradient as the release's ``z3_fp32_grad_copy`` does it
     (:class:`Z3Fp32GradCopy`); ``fresh``: bytes of that copy's 16-bit host temporaries that are
     fresh pages (:func:`_fresh_temp_bytes`), which the blocking CPU-upcast copy faults in
-    (:func:`_with_first_touch`); ``biggest``: the largest partition's elements, for the boundary's
-    norms (:func:`_boundary_gpu_work`), which every release and both forks compute whenever the
+    (:func:`offsim.plan.host_pages.with_first_touch`, at the profile's ``cpu.page_touch_gb_per_s``);
+    ``biggest``: the largest partition's elements, for the boundary's norms
+    (:func:`_boundary_gpu_work`), which every release and both forks compute whenever the
     optimizer is offloaded. MLP-Offload's 16-bit host gradients (``delayed_grad_conversion``)
     have no boundary copy."""
     st = c.st
@@ -196,7 +182,8 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fres
             fields["swap_units"] = min(swap_pool_units, max(1, math.ceil(local * hg / SWAP_UNIT_BYTES)))
         return fields
     if mode is Z3Fp32GradCopy.CPU_UPCAST_BLOCKING:  # 16-bit D2H into a new pageable temporary, CPU upcast
-        d2h = _with_first_touch(c.paths.dma(False, whole(local * c.bpp_grad), False), fresh)
+        d2h = host_pages.with_first_touch(c.paths.dma(False, whole(local * c.bpp_grad), False), fresh,
+                                          c.cfg.hardware.cpu.page_touch_bytes_per_s)
         fields.update(boundary_d2h=d2h,
                       boundary_cast=c.paths.host_copy(whole(local * (c.bpp_grad + hg))), boundary_blocking=True)
     elif mode is Z3Fp32GradCopy.BOUNCE_SYNC:  # fp32 D2H into a pinned bounce buffer, sync, CPU copy

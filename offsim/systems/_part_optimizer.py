@@ -18,6 +18,7 @@ from offsim.mechanisms.cpu_optimizer import (
 )
 from offsim.mechanisms.gpu_optimizer import GpuOptimizer
 from offsim.plan import footprint as fp
+from offsim.plan import host_pages
 from offsim.plan.cpu_adam import LpCopy, fused_upload_bytes_per_param, overflow_scan_bytes_per_param
 from offsim.plan.deepspeed_versions import Z12LpUpload
 from offsim.plan.policy_plan import (
@@ -72,6 +73,30 @@ def z12_upload(c: Ctx) -> Z12LpUpload | None:
     if c.st.zero_stage not in (1, 2) or LpCopy(c.st.lp_copy) is LpCopy.FUSED_ZERO_COPY:
         return None
     return Z12LpUpload(c.st.z12_lp_upload)
+
+
+def upload_fresh_bytes(c: Ctx, params: float) -> int:
+    """Bytes of fresh host pages the CPU cast of a sub-group's blocking 16-bit upload writes
+    (:mod:`offsim.plan.host_pages`), for a sub-group of ``params`` parameters; 0 where the upload
+    makes no new temporary of at least :data:`~offsim.plan.host_pages.MMAP_THRESHOLD_MAX_BYTES`.
+
+    The blocking dtype-changing ``copy_`` from the CPU fp32 master into the GPU's 16-bit copy
+    casts on the CPU into a new pageable tensor (PyTorch Copy.cu ``copy_kernel_cuda``:
+    ``src.to(dst dtype)``), one per call: ZeRO-3 with the parameters on the GPU, every release
+    (stage3.py ``_reassign_or_swap_out_partitioned_parameters``:
+    ``fp16_partitioned_groups_flat[i].data.copy_(fp32_partitioned_groups_flat[i].data)``, one
+    call per sub-group), and ZeRO-1/2's ``cpu_cast_pageable`` (v0.9.0-v0.14.0 stage_1_and_2.py
+    ``step``: ``bit16_partitions[partition_id].data.copy_(fp32_partition.data)``, one call per
+    parameter group over the rank's whole partition, taken here as one group: the rank's host
+    partition decides whether it is fresh). Not with PR #5301's fp32 upload (cast on the GPU),
+    PR #7309's preallocated staging buffer, the fused step + copy, or parameters off the GPU
+    (a CPU cast into the pinned flat buffer or an NVMe write)."""
+    if not (c.v.deepspeed_step and c.st.placement.params == "gpu" and blocking_home(c)):
+        return 0
+    if z12_upload(c) is Z12LpUpload.FP32_PINNED_GPU_CAST or LpCopy(c.st.lp_copy) is not LpCopy.SEPARATE_CAST:
+        return 0
+    per_call = sum(subgroups(c)) if c.st.zero_stage in (1, 2) else params
+    return whole(params * c.bpp_param) if host_pages.fresh_bytes([per_call * c.bpp_param]) > 0 else 0
 
 
 def gpu_adam_bpp(c: Ctx) -> float:
@@ -132,6 +157,9 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
     passes = c.paths.cpu_step_passes(params, lp_copy) if c.v.deepspeed_step else ()
     if gpu_cast:  # the cast runs on the GPU after the fp32 upload: no CPU cast pass
         passes = passes[:1]
+    fresh = upload_fresh_bytes(c, params)
+    if fresh:  # the cast faults in its new temporary's pages as it writes them
+        passes = (*passes[:1], host_pages.touch_flow(fresh, c.cfg.hardware.cpu.page_touch_bytes_per_s), *passes[1:])
     home_gpu = whole(params * master) if gpu_cast and pl.params == "gpu" else 0
     if cached:
         grads_in = storage(c, True, grads_b) if grads_b > 0 else None
