@@ -26,9 +26,10 @@ from tests.test_timelines import _run
 from tests.test_zero3_first_touch import _boundary_d2h_s, _cfg
 
 MIB = 2**20
-DASK_98_BYTES_PER_S = 2**30 / 0.3266  # 1 GiB touched in 0.3266 s
-#: a 7.5e8-parameter sub-group's 16-bit temporary, 1.5e9 B, touched at that rate: 0.456254929 s
-TOUCH_S = 1.5e9 / DASK_98_BYTES_PER_S
+DASK_98_BYTES_PER_S = 2**30 / 0.3266  # 1 GiB touched in 0.3266 s by one thread
+#: a 7.5e8-parameter sub-group's 16-bit temporary, 1.5e9 B, touched by the cast on tiny's 4 cores:
+#: x min(4, 7.6 / 3.1) (kvcache-ai/Mooncake PR #3939's 8-thread saturation): 0.186103984 s
+TOUCH_S = 1.5e9 / (DASK_98_BYTES_PER_S * 7.6 / 3.1)
 
 
 def _with_touch_rate(cfg: RunConfig, gb_per_s: float) -> RunConfig:
@@ -62,9 +63,26 @@ def test_boundary_touch_reads_the_profile_rate() -> None:
 
 
 def test_touch_flow_is_capped_at_the_rate_and_writes_dram() -> None:
+    """1.5e9 B at one thread's rate: 1.5e9 x 0.3266 / 2**30 = 0.456254929 s; one DRAM write per byte."""
     flow = host_pages.touch_flow(1_500_000_000, DASK_98_BYTES_PER_S)
-    assert flow.nbytes / flow.cap_bytes_per_s == pytest.approx(TOUCH_S)
+    assert flow.nbytes / flow.cap_bytes_per_s == pytest.approx(0.456254929)
     assert dict(flow.usage) == {Res.DRAM: 1.0}
+
+
+def test_threads_fault_side_by_side_up_to_the_measured_saturation() -> None:
+    """One thread: the rate; two: twice it; 4 or 64: 7.6 / 3.1 = 2.4516x (Mooncake #3939)."""
+    rate = 1e9
+    assert host_pages.threaded_touch_bytes_per_s(rate, 1) == rate
+    assert host_pages.threaded_touch_bytes_per_s(rate, 2) == 2 * rate
+    assert host_pages.threaded_touch_bytes_per_s(rate, 4) == pytest.approx(2.4516129e9)
+    assert host_pages.threaded_touch_bytes_per_s(rate, 64) == pytest.approx(2.4516129e9)
+
+
+def test_one_thread_per_rank_touches_at_the_profile_rate(tiny_profile, tiny_workload) -> None:
+    """cpu_adam_threads_per_rank 1 (OMP_NUM_THREADS=1): the cast faults on one thread, 0.456254929 s
+    per 7.5e8-parameter sub-group."""
+    spans = _upload_spans(tiny_profile, tiny_workload, 3, cpu_adam_threads_per_rank=1)
+    assert _same_timeline(spans, _expected(1.5e9 / DASK_98_BYTES_PER_S))
 
 
 def _upload_spans(tiny_profile, tiny_workload, stage: int, **fields: object) -> list[tuple[str, float, float]]:
@@ -104,7 +122,7 @@ def _same_timeline(got: list[tuple[str, float, float]], want: list[tuple[str, fl
 def test_zero3_upload_faults_its_cast_temporary(tiny_profile, tiny_workload) -> None:
     """ZeRO-3, parameters on the GPU: each sub-group's cast writes a new 1.5e9 B temporary
     (stage3.py _reassign_or_swap_out_partitioned_parameters; Copy.cu src.to(dst dtype)):
-    0.456254929 s more per sub-group, the step 2 x (3.855 + 0.456254929) = 8.622509859 s."""
+    0.186103984 s more per sub-group, the step 2 x (3.855 + 0.186103984) = 8.082207969 s."""
     spans = _upload_spans(tiny_profile, tiny_workload, 3)
     assert _same_timeline(spans, _expected(TOUCH_S))
     assert spans[-1][2] == pytest.approx(2 * (3.855 + TOUCH_S))

@@ -34,9 +34,12 @@ a hardware-profile input, ``cpu.page_touch_gb_per_s``, one thread's rate: rapids
 without that pre-touch the D2H takes 0.5479 s, the fault cost moved into the driver's copy. With
 transparent huge pages set to ``always`` dask-cuda issue #106 (pentschev, 2019-08-02, a DGX-1)
 reports host memory allocated at about 5 GB/s instead (validation/assumptions.yaml's range).
-The CPU cast of a CPU->GPU copy runs on ATen's intra-op threads (``at::parallel_for``), which may
-take faults side by side; no measured rate of that exists here, so the one-thread rate is charged
-there too, an upper bound on the time.
+The CPU cast of a CPU->GPU copy runs on ATen's intra-op threads (``at::parallel_for``), which take
+faults side by side: :func:`threaded_touch_bytes_per_s` scales the one-thread rate by the threads,
+up to :data:`THREADED_TOUCH_SPEEDUP`, where measured population of one large mapping by several
+threads saturates (kvcache-ai/Mooncake PRs #3939 and #3563; their mappings are memfd-backed shared
+memory, whose faults also insert each page in the page cache: the nearest measurement found, not
+the anonymous path itself). The driver's copy out of its staging buffer (GPU->CPU) is one thread.
 """
 
 from __future__ import annotations
@@ -53,6 +56,13 @@ from offsim.schedule.ops import Flow
 MMAP_THRESHOLD_MAX_BYTES = 32 * 2**20
 
 
+#: several threads of one process faulting in one large mapping, as a multiple of one thread's rate:
+#: 3.1 -> 7.6 GB/s with 8 threads on one two-socket host (kvcache-ai/Mooncake PR #3939,
+#: MADV_POPULATE_WRITE over disjoint chunks, 4 KiB pages, kernel 6.8), 1 GiB in 492 -> 179 ms
+#: (2.75x) with 4 threads on another (PR #3563); the lower of the two, 7.6 / 3.1
+THREADED_TOUCH_SPEEDUP = 7.6 / 3.1
+
+
 def fresh_bytes(tensor_bytes: Iterable[float]) -> float:
     """Bytes of the host temporaries that are fresh mappings on every call: those of at least
     :data:`MMAP_THRESHOLD_MAX_BYTES` (smaller ones reuse the heap once the dynamic threshold has
@@ -64,6 +74,13 @@ def first_touch_s(nbytes: float, touch_bytes_per_s: float) -> float:
     """Seconds one thread spends faulting in ``nbytes`` of fresh pages at ``touch_bytes_per_s``
     (the profile's ``cpu.page_touch_bytes_per_s``)."""
     return nbytes / touch_bytes_per_s
+
+
+def threaded_touch_bytes_per_s(one_thread_bytes_per_s: float, threads: float) -> float:
+    """First-touch rate of ``threads`` threads writing one new mapping side by side, bytes/s:
+    ``min(threads, THREADED_TOUCH_SPEEDUP)`` times one thread's (linear until the measured
+    saturation, an assumption between 1 and 4 threads)."""
+    return one_thread_bytes_per_s * min(max(threads, 1.0), THREADED_TOUCH_SPEEDUP)
 
 
 def with_first_touch(flow: Flow, fresh: float, touch_bytes_per_s: float) -> Flow:

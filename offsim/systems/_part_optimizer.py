@@ -19,7 +19,14 @@ from offsim.mechanisms.cpu_optimizer import (
 from offsim.mechanisms.gpu_optimizer import GpuOptimizer
 from offsim.plan import footprint as fp
 from offsim.plan import host_pages
-from offsim.plan.cpu_adam import LpCopy, fused_upload_bytes_per_param, overflow_scan_bytes_per_param
+from offsim.plan.cpu_adam import (
+    CpuHost,
+    CpuSimd,
+    LpCopy,
+    fused_upload_bytes_per_param,
+    overflow_scan_bytes_per_param,
+    rank_threads,
+)
 from offsim.plan.deepspeed_versions import Z12LpUpload
 from offsim.plan.policy_plan import (
     build_context,
@@ -99,6 +106,17 @@ def upload_fresh_bytes(c: Ctx, params: float) -> int:
     return whole(params * c.bpp_param) if host_pages.fresh_bytes([per_call * c.bpp_param]) > 0 else 0
 
 
+def cast_touch_bytes_per_s(c: Ctx) -> float:
+    """First-touch rate of the upload's CPU cast, bytes/s: ATen's copy kernel runs on the rank's
+    intra-op threads (the strategy's ``cpu_adam_threads_per_rank``, else its share of the cores:
+    :func:`offsim.plan.cpu_adam.rank_threads`), so the profile's one-thread rate scales as
+    :func:`offsim.plan.host_pages.threaded_touch_bytes_per_s` says."""
+    hw = c.cfg.hardware
+    host = CpuHost(hw.cpu.cores, hw.cpu.sockets, None, CpuSimd.NONE, hw.dram.bandwidth_bytes_per_s)
+    threads = rank_threads(host, c.sz.ranks_per_node, c.st.cpu_adam_threads_per_rank)
+    return host_pages.threaded_touch_bytes_per_s(hw.cpu.page_touch_bytes_per_s, threads)
+
+
 def gpu_adam_bpp(c: Ctx) -> float:
     return 2 * c.sz.optimizer_bytes_per_param + c.sz.host_grad_bytes_per_param + c.bpp_param
 
@@ -159,7 +177,7 @@ def _group_io(c: Ctx, params: float, cached: bool) -> GroupIO:
         passes = passes[:1]
     fresh = upload_fresh_bytes(c, params)
     if fresh:  # the cast faults in its new temporary's pages as it writes them
-        passes = (*passes[:1], host_pages.touch_flow(fresh, c.cfg.hardware.cpu.page_touch_bytes_per_s), *passes[1:])
+        passes = (*passes[:1], host_pages.touch_flow(fresh, cast_touch_bytes_per_s(c)), *passes[1:])
     home_gpu = whole(params * master) if gpu_cast and pl.params == "gpu" else 0
     if cached:
         grads_in = storage(c, True, grads_b) if grads_b > 0 else None
