@@ -18,7 +18,7 @@ from offsim.config.loading import shipped_files
 from offsim.core.enums import Activity, CacheId, Link, OpKind, TensorKind, Tier
 from offsim.mechanisms.grads import REDUCTION_STREAM
 from offsim.schedule.analysis import accesses, check_acyclic, check_allocations, op_instances
-from offsim.schedule.ops import Alloc, Block, Flow, Schedule
+from offsim.schedule.ops import Alloc, Block, Delay, Flow, Schedule
 from offsim.systems._compile import OrderKind, unit_visits
 from offsim.systems._registry import compile_strategy, compose
 
@@ -50,9 +50,15 @@ def test_zero3_offload_layer_forward_and_backward_by_hand() -> None:
     bucket, flushed by the epilogue after the last layer of backward (layer 0): no gradient op in
     layer 2's backward. At layer 0: a slot of the reduce throttle (3 in flight), the bucket's
     bytes (2 B x P, reading every layer's 16-bit gradient), then on the one reduction stream the
-    16-bit partition down (dp 1: all of it, 2 B x P) and back up (2 B x P) and the fp32 copy down
-    (4 B x P); the bucket's event (free, slot back) after the fp32 copy; the join that writes
-    every layer's optimizer gradient; the host's wait for the stream (end of backward)."""
+    16-bit partition down (dp 1: all of it, 2 B x P) and back up (2 B x P), the boundary's fp64
+    norms of the partition (6343d29; stage3.py ``partition_grads`` -> ``_constant_buffered_norm2``)
+    and the fp32 copy down (4 B x P); the bucket's event (free, slot back) after the fp32 copy; the
+    join that writes every layer's optimizer gradient; the host's wait for the stream (end of
+    backward). The norms are a GPU kernel on the reduction stream reading each element's 16-bit
+    slice (2 B), writing and reading its fp64 copy (8 + 8 B) and, the release casting on the GPU,
+    its fp32 cast (2 + 4 B) at tiny's 1000 GB/s HBM: P x 24 / 1e12 = 1.61083392 ms; with the
+    parameters on the CPU they hold no GPU bytes (offsim/systems/_part_grads.py
+    ``_boundary_gpu_work``)."""
     sc = _compile(make_run_config("tiny", "tiny", "zero-infinity-cpu"))
     mb = _block(sc, "micro-batch")
     fwd = [op for op in mb.ops if op.tag.layer == 2][:5]
@@ -65,21 +71,24 @@ def test_zero3_offload_layer_forward_and_backward_by_hand() -> None:
         (OpKind.ALLOC, Activity.ACT_FETCH), (OpKind.DELAY, Activity.BACKWARD),
         (OpKind.FREE, Activity.ACT_FETCH), (OpKind.FREE, Activity.ACT_FETCH), (OpKind.DONE, Activity.PARAM_FETCH)]
     grads = [op for op in mb.ops if op.tag.layer == 0 and op.tag.activity is Activity.GRAD_OFFLOAD]
-    assert [op.body.kind for op in grads] == [OpKind.ACQUIRE, OpKind.ALLOC, OpKind.FLOW, OpKind.FLOW, OpKind.FLOW,
-                                              OpKind.FREE, OpKind.RELEASE, OpKind.JOIN, OpKind.JOIN]
-    acquire, alloc, down, up, fp32, free, release, home, drain = grads
+    assert [op.body.kind for op in grads] == [OpKind.ACQUIRE, OpKind.ALLOC, OpKind.FLOW, OpKind.FLOW, OpKind.DELAY,
+                                              OpKind.FLOW, OpKind.FREE, OpKind.RELEASE, OpKind.JOIN, OpKind.JOIN]
+    acquire, alloc, down, up, norms, fp32, free, release, home, drain = grads
     assert acquire.stream == drain.stream == "gpu"
     assert alloc.after == (acquire.id,) and down.after == (alloc.id,) and up.after == (down.id,)
-    assert fp32.after == (up.id,) and free.after == release.after == home.after == (fp32.id,)
+    assert norms.after == (up.id,) and fp32.after == (norms.id,)
+    assert free.after == release.after == home.after == (fp32.id,)
     assert {r.unit for r in alloc.reads} == set(range(6))
     # one in-order reduction stream carries them all, in issue order (stage3.py RS, 623b9b1)
-    assert down.stream == up.stream == fp32.stream == REDUCTION_STREAM
+    assert down.stream == up.stream == norms.stream == fp32.stream == REDUCTION_STREAM
+    assert norms.tag.label == "gradient norms (fp64)" and isinstance(norms.body, Delay)
     assert {w.unit for w in home.writes} == set(range(6)) and home.writes[0].kind is TensorKind.GRAD_OPT
     p = 67_118_080  # the tiny model's parameters (state_sizes(...).params_total)
     assert isinstance(alloc.body, Alloc) and alloc.body.nbytes == 2 * p
     flows = [(op.body.links, op.body.nbytes) for op in (down, up, fp32) if isinstance(op.body, Flow)]
     assert [links for links, _ in flows] == [(Link.D2H,), (Link.H2D,), (Link.D2H,)]
     assert [n for _, n in flows] == [2 * p, 2 * p, 4 * p]
+    assert norms.body.seconds == pytest.approx(p * (2 + 8 + 8 + 2 + 4) / 1e12, rel=1e-12)  # 1.61083392 ms
 
 
 def test_zero3_step_reads_every_gradient_and_the_next_fetch_waits_for_it() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from offsim import load_workload, make_run_config
 from offsim.core.enums import OpKind
 from offsim.schedule.analysis import check_acyclic, check_allocations, op_instances
@@ -109,7 +111,15 @@ def test_unit_major_timeline_by_hand_two_layers_two_micro_batches(tiny_profile, 
     [4,4.5]. So 3 parameter copies per iteration, not 2 x 3. Each layer's summed gradient
     leaves once, after its last micro-batch's backward, as one micro-batch's would: the gradient
     bytes over PCIe per layer equal those of the same run with M = 1 (the copies' timing is the
-    gradient mechanism's, not the order's, and is checked in tests/test_timelines.py)."""
+    gradient mechanism's, not the order's, and is checked in tests/test_timelines.py).
+
+    The boundary's fp64 norms of each layer's summed gradient (6343d29; stage3.py
+    ``partition_grads`` -> ``_constant_buffered_norm2``) run once per visit too, on the GPU's
+    reduction stream between the 16-bit round trip's H2D and the fp32 copy down: 5e8 x (2 + 8 + 8
+    + 2 + 4) B / tiny's 1000 GB/s HBM = 0.012 s (offsim/systems/_part_grads.py
+    ``_boundary_gpu_work``). L1's summed gradient goes down after its last backward [3.5,4.5] and
+    back up [4.5,5.5], its norms [5.5,5.512], its fp32 copy (2 GB) [5.512,7.512]; L0's down
+    [7.512,8.512], up [8.512,9.512], norms [9.512,9.524]."""
     import dataclasses
 
     from offsim.config.run import RunConfig
@@ -138,8 +148,15 @@ def test_unit_major_timeline_by_hand_two_layers_two_micro_batches(tiny_profile, 
                 out[sp.name] = out.get(sp.name, 0.0) + sp.bytes
         return out
 
+    def compute(rec) -> list[tuple[str, float, float]]:  # type: ignore[no-untyped-def]
+        return sorted(_spans(rec, "gpu", "forward") + _spans(rec, "gpu", "backward"), key=lambda sp: sp[1])
+
+    def norms(rec) -> list[tuple[str, float, float]]:  # type: ignore[no-untyped-def]
+        return [sp for sp in _spans(rec, "gpu", "grad_offload") if sp[0].endswith("gradient norms (fp64)")]
+
     rec = run(2)
-    assert _spans(rec, "gpu") == [
+    assert len(_spans(rec, "gpu")) == len(compute(rec)) + len(norms(rec))
+    assert compute(rec) == [
         ("block0 forward", 1.0, 1.25), ("block0 forward", 1.25, 1.5),
         ("block1 forward", 2.0, 2.25), ("block1 forward", 2.25, 2.5),
         ("block1 backward", 2.5, 3.0), ("block1 backward", 3.0, 3.5),
@@ -148,3 +165,8 @@ def test_unit_major_timeline_by_hand_two_layers_two_micro_batches(tiny_profile, 
         ("block0 params", 0.0, 1.0), ("block1 params", 1.0, 2.0), ("block0 params", 2.5, 3.5)]
     assert grad_bytes(rec) == grad_bytes(run(1))
     assert grad_bytes(rec)["block0 grads"] > 0
+    norm_s = PARAMS * (2 + 8 + 8 + 2 + 4) / 1e12
+    assert norm_s == pytest.approx(0.012)
+    assert norms(rec) == [("block1 gradient norms (fp64)", 5.5, 5.512),
+                          ("block0 gradient norms (fp64)", 9.512, 9.524)]
+    assert [end - start for _, start, end in norms(run(1))] == pytest.approx([norm_s, norm_s])
