@@ -11,7 +11,7 @@ import pytest
 
 from offsim import make_run_config, simulate
 from offsim.report.chrome_trace import PHASE_TID, write_chrome_trace
-from offsim.report.tracks import assign_lanes, link_rate_steps
+from offsim.report.tracks import LINKS, RESOURCE_LABELS, assign_lanes, link_rate_steps
 from offsim.results import RunResult
 from offsim.trace import Span
 
@@ -115,10 +115,24 @@ def test_counters_track_memory_per_tier_and_throughput_per_link(run: tuple[RunRe
 
 
 def test_span_names_carry_layer_tensor_and_phase(run: tuple[RunResult, dict]) -> None:
-    _, trace = run
+    """A gradient offload's copies, on the link tracks, are named by layer, tensor and phase and
+    carry their bytes and rate; its GPU kernels are DeepSpeed ZeRO-3's boundary fp64 norms
+    (6343d29; stage3.py ``partition_grads`` -> ``_constant_buffered_norm2``), on the GPU compute
+    track, named by layer, tensor and phase, moving nothing over a link: one per reduce bucket per
+    iteration (tiny: one bucket, flushed at the embedding), none on the ZeRO-2 paths."""
+    result, trace = run
+    names = thread_names(trace)
     grads = [e for e in slices(trace) if e["cat"] == "grad_offload"]
-    assert grads and all(e["name"].endswith("grads (backward)") for e in grads)
-    assert all("MB" in e["args"] and "GB/s" in e["args"] for e in grads)
+    links = {RESOURCE_LABELS[r] for r in LINKS}
+    moves = [e for e in grads if names[e["tid"]].split(" #")[0] in links]
+    kernels = [e for e in grads if e not in moves]
+    assert moves and all(e["name"].endswith("grads (backward)") for e in moves)
+    assert all("MB" in e["args"] and "GB/s" in e["args"] for e in moves)
+    assert all(names[e["tid"]].startswith("GPU compute") for e in kernels)
+    assert all(e["name"] == "embed gradient norms (fp64) (backward)" and e["args"]["phase"] == "backward"
+               and e["args"]["layer"] == 0 and "MB" not in e["args"] for e in kernels)
+    zero3 = result.config.strategy.zero_stage == 3
+    assert len(kernels) == (result.config.iterations if zero3 else 0)
 
 
 def test_lanes_are_assigned_greedily_per_resource() -> None:
