@@ -154,18 +154,35 @@ def test_blocking_gradient_offload_stalls_backward(tiny_profile, tiny_workload) 
 
 def test_zero_offload_compute_stream_waiting_for_the_step_is_a_stall(tiny_profile, tiny_workload) -> None:
     """ZeRO-Offload (ZeRO-2, parameters on the GPU, the optimizer on the CPU after backward):
-    the compute stream ends backward at 3 x 0.25 + 3 x 0.5 = 2.25 s and then waits, idle, until
-    the CPU step has sent the last sub-group's parameters home (DeepSpeed stage_1_and_2.py
-    ``step``: the next forward needs the updated 16-bit parameters). That wait is a GPU stall
-    like every other wait of the compute stream, so it spans [2.25, end of the step] and equals
-    the optimizer phase (it read 0 before: the Join carried no ``stall``)."""
+    the compute stream waits, idle, until the CPU step has sent the last sub-group's parameters
+    home (DeepSpeed stage_1_and_2.py ``step``: the next forward needs the updated 16-bit
+    parameters). That wait is a GPU stall like every other wait of the compute stream, so it
+    spans [end of backward, end of the step] and equals the optimizer phase (it read 0 before:
+    the Join carried no ``stall``).
+
+    Backward is DeepSpeed's ZeRO-2 gradient path with ``overlap_comm`` (offsim/mechanisms/
+    zero2_grads.py, e384742; by hand): each layer's backward (0.5 s) is followed on the compute
+    stream by its IPG bucket copy, 5e8 x 2 x 2 B / 1e12 B/s = 0.002 s, then its fp32 copy,
+    5e8 x 4 B / 1 GB/s = 2 s, runs on the reduction stream while the next layer computes, and the
+    next layer waits for it (``average_tensor``): block2 [0.75, 1.25] + [1.25, 1.252], its D2H
+    [1.252, 3.252]; block1 [1.252, 1.754], waits [1.754, 3.252]; block0 [3.252, 3.754], waits
+    [3.754, 5.252]; block0's D2H [5.252, 7.252], waited for by the epilogue's synchronize
+    (``independent_gradient_partition_epilogue``). Backward ends at 7.252 s."""
     st = strategy(zero_stage=2, prefetch_depth=0, optimizer_device="cpu",
                   placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
     rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
     stalls = [(s.name, s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall"]
-    assert stalls == [("waits for the optimizer step", pytest.approx(2.25), pytest.approx(rec.end_s))]
+    assert stalls == [
+        ("block1 waits for the reduction stream (previous bucket)", pytest.approx(1.754), pytest.approx(3.252)),
+        ("block0 waits for the reduction stream (previous bucket)", pytest.approx(3.754), pytest.approx(5.252)),
+        ("block0 waits for the reduction stream at the end of backward (epilogue synchronize)",
+         pytest.approx(5.252), pytest.approx(7.252)),
+        ("waits for the optimizer step", pytest.approx(7.252), pytest.approx(rec.end_s))]
+    assert _spans(rec, "d2h") == [("block2 grads", 1.252, 3.252), ("block1 grads", 3.252, 5.252),
+                                  ("block0 grads", 5.252, 7.252)]
+    assert _phases(rec)["backward"] == pytest.approx(7.252 - 0.75)
     assert _spans(rec, "h2d")[-1][2] == pytest.approx(rec.end_s)  # the step ends with the last params home
-    assert rec.end_s - 2.25 == pytest.approx(_phases(rec)["optimizer"])
+    assert rec.end_s - 7.252 == pytest.approx(_phases(rec)["optimizer"])
 
 
 def test_activation_checkpointing_recomputes_each_block(tiny_profile, tiny_workload) -> None:

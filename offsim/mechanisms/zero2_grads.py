@@ -17,7 +17,9 @@ Nothing of it is added on the host (no CPU accumulation pass). With ``overlap_co
 copies are kernels' neighbours on the compute stream, so backward waits for them; with it true the
 compute stream waits for the reduction stream at the next bucket (v0.3.x ``average_tensor``:
 ``torch.cuda.synchronize()``; later ``current_stream().wait_stream(reduction_stream)``), so one
-bucket's copies overlap the next bucket's backward. offsim's bucket is a layer.
+bucket's copies overlap the next bucket's backward; after the last bucket
+``independent_gradient_partition_epilogue`` synchronizes, so backward ends with the last copies.
+offsim's bucket is a layer.
 """
 
 from __future__ import annotations
@@ -134,6 +136,12 @@ class Zero2Grads:
             b.add(Free(Tier.GPU, IPG_BUFFERS), t, after=[end])
         if self.overlap:
             b.add(Release(Z12_INFLIGHT, 1), t, after=[end])
+            if u == 0:  # independent_gradient_partition_epilogue: if overlap_comm, the host synchronizes
+                # (stage2.py v0.3.x torch.cuda.synchronize / reduction_stream.synchronize;
+                # stage_1_and_2.py get_accelerator().synchronize()), so backward ends with the last copies
+                b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
+                                  label="waits for the reduction stream (end of backward)"), COMPUTE, after=[end],
+                      stall=Wait("the reduction stream at the end of backward (epilogue synchronize)"))
         else:
             b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
                               label="gradient copies on the compute stream"), COMPUTE, after=[end],
