@@ -8,6 +8,8 @@ ones x = 1, 3, 5: 3/7 of the elements; one reduce bucket; HBM 1000 GB/s; pinned 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from offsim import simulate
@@ -71,6 +73,6 @@ def test_kept_gradients_are_held_until_backward_ends() -> None:
     at_norms_end = gpu[(gpu.t_s - norms.end_s).abs() < 1e-9].bytes
     before = gpu[gpu.t_s < norms.end_s - 1e-9].bytes.iloc[-1]
     assert at_norms_end.iloc[-1] - before == 57_529_783
-    at_end = [before] + gpu[(gpu.t_s - d2h.end_s).abs() < 1e-9].bytes.tolist()
-    falls = [a - b for a, b in zip(at_end, at_end[1:])]
+    at_end = [before, *gpu[(gpu.t_s - d2h.end_s).abs() < 1e-9].bytes.tolist()]
+    falls = [a - b for a, b in itertools.pairwise(at_end)]
     assert 57_529_783 in falls  # freed at the drain's end (with the norms' and the bucket's bytes)
