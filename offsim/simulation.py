@@ -100,7 +100,7 @@ def run_schedule(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, in
                  schedule: Schedule | None = None) -> tuple[Recorder, dict[str, float], int]:
     """Compile ``cfg`` (its composition ``system``, if already made; nothing when its
     ``schedule`` is given) into a schedule and execute it; returns the recorder, the peak bytes
-    per reported tier and the SimPy events processed.
+    per reported tier and the clock entries processed (one per event SimPy would have processed).
 
     ``steady_shortcut``: skip the repetitions of an iteration or a micro-batch once the run is
     in a steady state (:mod:`offsim.engine.steady`; the same metrics); False simulates every one.
