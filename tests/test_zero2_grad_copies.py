@@ -15,6 +15,7 @@ from offsim.config.run import RunConfig, make_run_config
 from offsim.mechanisms.zero2_grads import lp_d2h_on
 from offsim.plan.deepspeed_versions import Z12AccumMode
 from offsim.plan.footprint import state_sizes
+from tests.test_deepspeed_grads import _grad_bytes as grad_bytes
 
 #: tiny/tiny: one rank, bf16 gradients (2 B), fp32 optimizer gradients (4 B)
 P = 67_118_080
@@ -30,15 +31,8 @@ def _cfg(gas: int = 1, mode: str | None = None, **st_updates: object) -> RunConf
 
 
 def _grad_bytes(cfg: RunConfig) -> Counter[tuple[str, str]]:
-    result = simulate(cfg)
-    assert result.metrics.feasible, result.metrics.infeasible_reason
-    spans = result.recorder.spans
-    last = max(s.iteration for s in spans)
-    out: Counter[tuple[str, str]] = Counter()
-    for s in spans:
-        if s.iteration == last and s.kind in ("grad_offload", "grad_cast", "grad_accumulate") and s.bytes:
-            out[(s.kind, s.resource)] += s.bytes
-    return out
+    """Gradient bytes per (kind, resource) in the last iteration, the spans that move bytes only."""
+    return Counter({key: n for key, n in grad_bytes(cfg).items() if n})
 
 
 def test_which_micro_batches_copy_16_bits_down() -> None:
