@@ -331,6 +331,7 @@ def test_profile_with_base_round_trips(tmp_path):
     notes = loaded.provenance.notes or ""
     assert "measured: cpu.*" in notes and "base:" in notes and "gpu.*" in notes
     assert report.origins["cpu.optimizer_params_per_s"] == "measured"
+    assert report.origins["cpu.page_touch_gb_per_s"] == "measured"  # fresh 64 MiB mappings, filled twice (cpu.py)
     assert report.origins["gpu.peak_tflops.bf16"] == "base"
     assert loaded.nvme == base.nvme  # NVMe part not requested: the base's drive stays
 

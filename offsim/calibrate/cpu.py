@@ -1,4 +1,4 @@
-"""CPU measurements: optimizer-step throughput and host memcpy bandwidth.
+"""CPU measurements: optimizer-step throughput, host memcpy bandwidth and first-touch page rate.
 
 Optimizer: PyTorch's ``torch.optim.AdamW(foreach=True)`` on fp32 and DeepSpeed's
 ``DeepSpeedCPUAdam`` when importable (DeepSpeed's own perf test does the same comparison,
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from typing import Any
@@ -238,6 +239,59 @@ def measure_memcpy(nbytes: int, repeats: int, threads: int, part: PartResult, re
         rep.say(f"[cpu] memcpy {fmt_bytes(nbytes)} with {nt} thread(s): {nbytes / median(ts) / 1e9:.2f} GB/s")
 
 
+#: Above glibc's largest dynamic mmap threshold (32 MiB on 64-bit, mallopt(3)), so every
+#: ``np.empty`` of this size is a fresh mapping whose pages fault on first touch.
+PAGE_TOUCH_MIN_BYTES = 64 * 2**20
+
+
+def measure_page_touch(nbytes: int, repeats: int, part: PartResult, rep: Reporter) -> None:
+    """First touch of fresh pageable pages by one thread (``cpu.page_touch_gb_per_s``,
+    :mod:`offsim.plan.host_pages`): a fresh ``np.empty`` of at least :data:`PAGE_TOUCH_MIN_BYTES`
+    filled once (page faults and writes), then again (writes alone); the touch time is the
+    difference."""
+    nbytes = max(nbytes, PAGE_TOUCH_MIN_BYTES)
+    rows = part.rows("cpu")
+    ts: list[float] = []
+    with _small_pages():
+        _touch_rows(nbytes, repeats, rows, ts)
+    rep.say(f"[cpu] first touch of {fmt_bytes(nbytes)} of fresh 4 KiB pages, one thread: "
+            f"{nbytes / median(ts) / 1e9:.2f} GB/s")
+
+
+@contextlib.contextmanager
+def _small_pages() -> Iterator[None]:
+    """numpy asks for transparent huge pages on large arrays (``madvise(MADV_HUGEPAGE)``);
+    PyTorch's CPU allocator does not by default (``THP_MEM_ALLOC_ENABLE`` unset), so the
+    measurement turns it off, as the tensors it prices are allocated."""
+    import importlib
+
+    try:
+        multiarray = importlib.import_module("numpy._core.multiarray")
+    except ImportError:  # numpy < 2
+        multiarray = importlib.import_module("numpy.core.multiarray")
+    set_hugepage = multiarray._set_madvise_hugepage
+    previous = set_hugepage(False)
+    try:
+        yield
+    finally:
+        set_hugepage(previous)
+
+
+def _touch_rows(nbytes: int, repeats: int, rows: list[dict[str, Any]], ts: list[float]) -> None:
+    for r in range(repeats):
+        buf = np.empty(nbytes, dtype=np.uint8)
+        t0 = time.perf_counter()
+        buf.fill(1)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        buf.fill(2)
+        t = max(first - (time.perf_counter() - t0), 1e-9)
+        del buf
+        ts.append(t)
+        rows.append({"kind": "page_touch", "impl": "numpy-fill", "params": None, "threads": 1, "rep": r,
+                     "time_s": t, "params_per_s": None, "bytes": nbytes, "gb_per_s": nbytes / t / 1e9})
+
+
 # ---------------------------------------------------------------------------------------------
 # The part
 
@@ -264,6 +318,7 @@ def run_cpu_part(settings: CalibrationSettings, rep: Reporter) -> PartResult:
     steps.append(
         ("memcpy", lambda: measure_memcpy(settings.memcpy_bytes, settings.memcpy_repeats, threads, part, rep))
     )
+    steps.append(("page touch", lambda: measure_page_touch(settings.memcpy_bytes, settings.memcpy_repeats, part, rep)))
     for name, step in steps:
         try:
             step()

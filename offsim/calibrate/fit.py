@@ -258,7 +258,7 @@ def fit_cpu(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Median optimizer rate per implementation and memcpy rates from ``raw_cpu`` rows.
 
     Returns a dict with ``optimizer`` (impl -> params/s, threads, params) and
-    ``memcpy_gb_per_s`` per thread count.
+    ``memcpy_gb_per_s`` per thread count, and ``page_touch_gb_per_s`` where it was measured.
     """
     rows = list(rows)
     out: dict[str, Any] = {"optimizer": {}, "memcpy": {}}
@@ -273,6 +273,9 @@ def fit_cpu(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     mem = [r for r in rows if r["kind"] == "memcpy"]
     for (threads,), v in medians_by(mem, ("threads",), "gb_per_s").items():
         out["memcpy"][str(threads)] = {"gb_per_s": v, "threads": threads}
+    touch = [r for r in rows if r["kind"] == "page_touch"]
+    if touch:
+        out["page_touch_gb_per_s"] = float(np.median([r["gb_per_s"] for r in touch]))
     return out
 
 

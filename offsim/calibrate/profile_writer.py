@@ -229,6 +229,8 @@ def _cpu_fields(
     memcpy = cfit.get("memcpy", {})
     if "1" in memcpy:
         b.set("cpu.memcpy_gb_per_s", sig(memcpy["1"]["gb_per_s"]), "measured")
+    if "page_touch_gb_per_s" in cfit:
+        b.set("cpu.page_touch_gb_per_s", sig(cfit["page_touch_gb_per_s"]), "measured")
     if memcpy:
         best_copy = max(v["gb_per_s"] for v in memcpy.values())
         b.set("dram.bandwidth_gb_per_s", sig(2 * best_copy), "measured")
