@@ -62,7 +62,9 @@ def test_one_row_per_point_with_axes_metrics_and_costs(plan, reference):
     assert set(bad["strategy"]) == {"zero-infinity-nvme"} and set(bad["dram_gib"]) == {2}
     assert bad["infeasible_reason"].str.startswith("host_pinned memory").all()
     assert (bad["prefilter"] == "infeasible").all()
-    assert (ok["time_lower_bound_s"] <= ok["iteration_time_s"]).all()
+    # the bound is tight where the compute stream is the critical path (zero-offload on tiny, its
+    # gradient copies on that stream): equal up to the order of a float sum, as test_golden allows
+    assert (ok["time_lower_bound_s"] <= ok["iteration_time_s"] * (1 + 1e-12)).all()
     assert (ok["cost_per_million_tokens_usd"] > 0).all()
 
 
