@@ -35,14 +35,19 @@ from tests.test_timelines import PARAMS, _big_gpu, _run
 STEP_KINDS = ("cpu", "dram_copy", "h2d", "nvme_write")
 
 
-def _step(tiny_profile, tiny_workload, stage: int, params: str) -> tuple[Recorder, list[tuple[str, float, float]]]:
-    st = strategy(zero_stage=stage, prefetch_depth=0, optimizer_device="cpu", sub_group_params=7.5e8,
-                  placement={"params": params, "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+def _step_spans(tiny_profile, tiny_workload, st) -> tuple[Recorder, list[tuple[str, float, float]]]:
+    """The run's optimizer-step spans on the step's resources, as (name, start, end) from the step's start."""
     rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
     spans = sorted((s for s in rec.spans if s.phase == "optimizer" and s.resource in STEP_KINDS),
                    key=lambda s: s.start_s)
     t0 = spans[0].start_s
     return rec, [(s.name, round(s.start_s - t0, 9), round(s.end_s - t0, 9)) for s in spans]
+
+
+def _step(tiny_profile, tiny_workload, stage: int, params: str) -> tuple[Recorder, list[tuple[str, float, float]]]:
+    st = strategy(zero_stage=stage, prefetch_depth=0, optimizer_device="cpu", sub_group_params=7.5e8,
+                  placement={"params": params, "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
+    return _step_spans(tiny_profile, tiny_workload, st)
 
 
 def test_zero3_step_waits_for_each_pageable_upload(tiny_profile, tiny_workload) -> None:
@@ -104,11 +109,7 @@ def test_adam_moves_28_bytes_when_the_cast_is_its_own_pass(tiny_profile, tiny_wo
 def _z12(tiny_profile, tiny_workload, upload: str):
     st = strategy(zero_stage=2, prefetch_depth=0, optimizer_device="cpu", sub_group_params=7.5e8, z12_lp_upload=upload,
                   placement={"params": "gpu", "grads": "cpu", "optimizer_states": "cpu", "activations": "gpu"})
-    rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
-    spans = sorted((s for s in rec.spans if s.phase == "optimizer" and s.resource in STEP_KINDS),
-                   key=lambda s: s.start_s)
-    t0 = spans[0].start_s
-    return rec, [(s.name, round(s.start_s - t0, 9), round(s.end_s - t0, 9)) for s in spans]
+    return _step_spans(tiny_profile, tiny_workload, st)
 
 
 def test_zero2_before_v0_14_1_casts_on_the_cpu_and_uploads_pageable_blocking(tiny_profile, tiny_workload) -> None:
