@@ -127,7 +127,8 @@ def test_the_span_sums_of_a_run_are_summed_once_until_more_is_recorded() -> None
     assert _span_sums(rec, steady, len(steady)) is not sums
 
 
-def test_a_schedule_is_bounded_once_per_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+def _count_bound_work(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """An empty bound memo, and the schedules :func:`bound._iteration_work` is called on."""
     monkeypatch.setattr(bound, "_MEMO", bound._MEMO.__class__())
     calls: list[object] = []
     work = bound._iteration_work
@@ -137,6 +138,11 @@ def test_a_schedule_is_bounded_once_per_machine(monkeypatch: pytest.MonkeyPatch)
         return work(*args)
 
     monkeypatch.setattr(bound, "_iteration_work", counted)
+    return calls
+
+
+def test_a_schedule_is_bounded_once_per_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_bound_work(monkeypatch)
     point = compose_run(make_run_config("tiny", "tiny", "zero-infinity-nvme")).compiled()
     schedule = point.schedule
     assert schedule is not None
@@ -150,15 +156,7 @@ def test_a_schedule_is_bounded_once_per_machine(monkeypatch: pytest.MonkeyPatch)
 
 def test_a_schedule_with_run_time_choices_is_bounded_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fingerprint leaves the choices' programs out, so such a schedule is never looked up."""
-    monkeypatch.setattr(bound, "_MEMO", bound._MEMO.__class__())
-    calls: list[object] = []
-    work = bound._iteration_work
-
-    def counted(*args: Any) -> dict[str, float]:
-        calls.append(args[0])
-        return work(*args)
-
-    monkeypatch.setattr(bound, "_iteration_work", counted)
+    calls = _count_bound_work(monkeypatch)
     schedule = compose_run(make_run_config("tiny", "tiny", "deep-optimizer-states")).compiled().schedule
     assert schedule is not None and schedule.choices
     capacity = {"h2d": 1e10, "d2h": 1e10, "cpu": 1e9, "dram": 5e10}
