@@ -199,6 +199,15 @@ class Strategy(Frozen):
                     "budget is min(this - gathered, prefetch bucket); the current submodule is gathered whole "
                     "regardless (partitioned_param_coordinator.py fetch_sub_module)",
     )
+    zero3_submodule_host_s: float = Field(
+        default=0.0, ge=0,
+        description="host seconds DeepSpeed ZeRO-3 spends per submodule per pass before the GPU can run it: the "
+                    "pre/post hooks (parameter_offload.py pre_sub_module_forward_function, "
+                    "post_sub_module_forward_function; partitioned_param_coordinator.py fetch_sub_module, "
+                    "release_sub_module, even with one rank) and the submodule's kernel launches "
+                    "(offsim/mechanisms/host_dispatch.py). 0: not counted, the default, as no public measurement "
+                    "of it was found; set it from a profile of your own run",
+    )
     # DeepSpeed ZeRO-3 offload host buffers (v0.16.9 source) and MemAscend's fixes (Liaw and
     # Chen, arXiv 2505.23254): used when the strategy runs DeepSpeed's ZeRO-3 offload path
     # (offsim.plan.footprint.deepspeed_zero3_offload); the defaults are DeepSpeed's behaviour.
