@@ -12,6 +12,7 @@ from offsim.core.enums import Tier
 from offsim.mechanisms.activations import Activations, LayerActivations
 from offsim.mechanisms.base import sum_needs
 from offsim.mechanisms.compute import Compute, LayerCost
+from offsim.mechanisms.host_dispatch import HostDispatched
 from offsim.mechanisms.param_fetch import LayerFetch, ParamFetch
 from offsim.plan import footprint as fp
 from offsim.plan.policy_plan import (
@@ -25,12 +26,30 @@ from offsim.systems._ctx import Ctx, whole
 from offsim.systems._part_grads import _swap_buffers_pinned
 
 
-def compute(c: Ctx) -> Compute:
+def compute(c: Ctx) -> Compute | HostDispatched:
     tp = c.cfg.workload.training.tensor_parallel
     hidden = 2.0 * c.cfg.workload.training.tokens_per_micro_batch * c.cfg.workload.model.hidden
     allreduce = c.paths.ring(whole(2 * 2.0 * (tp - 1) / tp * hidden), 2 * 2.0 * (tp - 1)) if tp > 1 else None
-    return Compute(tuple(LayerCost(lay.fwd_s, lay.bwd_s, lay.fwd_flop, rc, allreduce if lay.is_block else None)
-                         for lay, rc in zip(c.layers, c.recompute, strict=True)))
+    kernels = Compute(tuple(LayerCost(lay.fwd_s, lay.bwd_s, lay.fwd_flop, rc, allreduce if lay.is_block else None)
+                            for lay, rc in zip(c.layers, c.recompute, strict=True)))
+    per_submodule_s = c.st.zero3_submodule_host_s
+    if per_submodule_s <= 0 or not (c.v.deepspeed_grads and c.st.zero_stage == 3):
+        return kernels
+    n = layer_submodules(c)
+    return HostDispatched(kernels, tuple(k * per_submodule_s for k in n),
+                          tuple(k * per_submodule_s * (2 if rc else 1) for k, rc in zip(n, c.recompute, strict=True)))
+
+
+def layer_submodules(c: Ctx) -> tuple[int, ...]:
+    """Submodules whose ZeRO-3 hooks fire per layer and pass, in the Hugging Face Llama layout
+    (modeling_llama.py): the embedding; per block the block, its two norms, the attention and
+    its projections, the MLP and its two or three projections (each projection ``tiles`` times
+    with TiledLinear); the final norm and the LM head. Megatron's fused QKV has fewer
+    projections but adds the core-attention modules; a mixture of experts counts as dense."""
+    m, tiles = c.cfg.workload.model, c.st.zero3_tiles_per_linear
+    block = 1 + 2 + 1 + len(m.attention_matrices()) * tiles + 1 + (3 if m.mlp == "gated" else 2) * tiles
+    head = 2 if m.lm_head else 1
+    return tuple(block if lay.is_block else (1 if lay.name == "embed" else head) for lay in c.layers)
 
 
 def param_fetch(c: Ctx) -> ParamFetch | None:
