@@ -25,7 +25,7 @@ with both PCIe directions derated by the link's duplex efficiency when both are 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 
 
@@ -177,12 +177,40 @@ class PerfModelSplit:
             self.rates = replace(self.rates, cpu_params_per_s=params / stream_s)
 
 
+def gap_on_gpu(n_groups: int, gap: int) -> list[bool]:
+    """Per sub-group, whether the Deep Optimizer States artifact's fork updates it on the GPU with
+    ``prefetch_optimizer_gap`` ``gap`` (DataStates/DeepSpeed deep-optimizer-states, 4570a955,
+    stage3.py ``get_opt_update_device``: sub-group x is CPU-with-prefetch (``PF_OPT_CPU_PREF``)
+    iff x % gap == 0, else GPU-only (``PF_OPT_GPU_ONLY``) iff (x + 1) % gap == 0, else CPU-only),
+    for gap >= 2."""
+    return [x % gap != 0 and (x + 1) % gap == 0 for x in range(n_groups)]
+
+
 def gap_gpu_groups(n_groups: int, gap: int) -> int:
-    """Sub-groups the Deep Optimizer States artifact's fork updates on the GPU with
-    ``prefetch_optimizer_gap`` ``gap`` (DataStates/DeepSpeed stage3.py ``get_opt_update_device``:
-    sub-group x is CPU-with-prefetch iff x % gap == 0, else GPU-only iff (x + 1) % gap == 0, else
-    CPU-only), for gap >= 2: the x < n_groups with (x + 1) % gap == 0, n_groups // gap of them."""
-    return sum(1 for x in range(n_groups) if x % gap != 0 and (x + 1) % gap == 0)
+    """Sub-groups the fork updates on the GPU (:func:`gap_on_gpu`): the x < n_groups with
+    (x + 1) % gap == 0, n_groups // gap of them."""
+    return sum(gap_on_gpu(n_groups, gap))
+
+
+def gap_gpu_share(groups: list[int], gap: int) -> float:
+    """The share of the elements of ``groups`` (DeepSpeed's sub-groups, elements each, in order)
+    that the fork updates on the GPU (:func:`gap_on_gpu`); unequal sub-groups make it differ from
+    ``1 / gap`` (the artifact's 7B: 63 % at gap 2, its fused QKV and SwiGLU fc1 falling on odd
+    sub-groups)."""
+    total = sum(groups)
+    on_gpu = gap_on_gpu(len(groups), gap)
+    return sum(p for p, g in zip(groups, on_gpu, strict=True) if g) / total if total > 0 else 0.0
+
+
+def interleave_layout(on_gpu: list[bool]) -> list[int]:
+    """The positions at which to lay sub-groups out so that :func:`interleave` over the order
+    0..n-1, choosing ``sum(on_gpu)`` of them, picks exactly those with ``on_gpu`` true, each side
+    keeping its own order: ``layout[position]`` is the sub-group placed there."""
+    n, n_gpu = len(on_gpu), sum(on_gpu)
+    picked = interleave(list(range(n)), n_gpu)
+    gpu = iter(x for x in range(n) if on_gpu[x])
+    cpu = iter(x for x in range(n) if not on_gpu[x])
+    return [next(gpu) if pos in picked else next(cpu) for pos in range(n)]
 
 
 @dataclass
@@ -202,3 +230,47 @@ class GapSplit:
 
     def observe(self, option: Hashable, stream_s: float) -> None:
         """Nothing: the fork's rule does not look at rates."""
+
+
+@dataclass(frozen=True)
+class ForkHostState:
+    """The fork's optimizer state in host memory, bytes per rank (DataStates/DeepSpeed
+    deep-optimizer-states 4570a955, stage3.py).
+
+    Attributes:
+        pinned_state_bytes: every sub-group's fp32 master, momentum and variance, each its own
+            pinned tensor (``_create_fp32_partitions`` with ``prefetch_optimizer``:
+            ``fp32_partitioned_groups_flat[i].pin_memory()``,
+            ``prefetch_optimizer_fp32_momentums[i] = torch.empty(n).pin_memory()``, the same for
+            the variances), each rounded up by PyTorch's caching host allocator.
+        pinned_lp_bytes: ``gap - 1`` pinned 16-bit buffers of the largest sub-group
+            (``prefetch_optimizer_cpu_fp16_pinned_params``, which ``downsample_fp32_fp16``
+            casts the CPU-updated sub-groups into before their H2D).
+        cpu_moments_bytes: DeepSpeedCPUAdam's own moments, made at the first step
+            (ops/adam/cpu_adam.py ``step``: ``torch.zeros_like``, pageable) for the sub-groups
+            it updates, those not on the GPU.
+        gpu_resident_bytes: the last GPU-only sub-group's fp32 parameters, gradient, momentum and
+            variance, left on the GPU after the step (``prefetch_optimizer_gpu_fp32_params``
+            with its ``.grad``, ``..._momentum``, ``..._variance`` stay referenced until the next
+            step's first GPU-only sub-group replaces them; the 7B log: 15.35 GiB allocated after
+            the step against vanilla's 12.28, 3.07 GiB = 206.05M x 16 B).
+    """
+
+    pinned_state_bytes: float
+    pinned_lp_bytes: float
+    cpu_moments_bytes: float
+    gpu_resident_bytes: float
+
+
+def fork_host_state(groups: list[int], gap: int, master_bytes: float, moment_bytes: float, lp_bytes: float,
+                    round_pinned: Callable[[float], float]) -> ForkHostState:
+    """:class:`ForkHostState` of the fork's sub-groups ``groups`` (elements each, in order) with
+    ``prefetch_optimizer_gap`` ``gap``: ``master_bytes``, ``moment_bytes`` (each moment),
+    ``lp_bytes`` per element; ``round_pinned`` the pinned allocator's rounding of one request."""
+    on_gpu = gap_on_gpu(len(groups), gap)
+    pinned = sum(round_pinned(p * master_bytes) + 2 * round_pinned(p * moment_bytes) for p in groups)
+    lp = (gap - 1) * round_pinned(max(groups, default=0) * lp_bytes)
+    cpu = sum(p for p, g in zip(groups, on_gpu, strict=True) if not g) * 2 * moment_bytes
+    last = max((k for k, g in enumerate(on_gpu) if g), default=None)
+    resident = 0.0 if last is None else groups[last] * (2 * master_bytes + 2 * moment_bytes)
+    return ForkHostState(pinned, lp, cpu, resident)

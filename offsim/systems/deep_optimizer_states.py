@@ -16,21 +16,35 @@ the paper's baseline).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import cast
 
 from pydantic import Field
 
 from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
-from offsim.core.enums import ChoiceId
+from offsim.config.workload import DTYPE_BYTES
+from offsim.core.enums import ChoiceId, TensorKind, Tier
 from offsim.engine.hooks import ChoicePolicy
 from offsim.mechanisms.base import Mechanism
-from offsim.mechanisms.cpu_optimizer import GpuSplit, StreamedGroup
+from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GpuSplit, StreamedGroup
 from offsim.mechanisms.grads import GradBucket, Grads
+from offsim.mechanisms.static_state import StaticItem, StaticState
+from offsim.plan import footprint as fp
 from offsim.plan.footprint import StateSizes
-from offsim.plan.optimizer_split import GapSplit, PerfModelSplit, SplitBytes, SplitRates, gap_gpu_groups
+from offsim.plan.optimizer_split import (
+    GapSplit,
+    PerfModelSplit,
+    SplitBytes,
+    SplitRates,
+    fork_host_state,
+    gap_gpu_share,
+    gap_on_gpu,
+    interleave_layout,
+)
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
+from offsim.systems._part_optimizer import _group_io as group_io
 from offsim.systems._parts import Ctx, Variants, build_ctx, gpu_adam_bpp, optimizer_dram_bpp, standard, subgroups, whole
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_split"})
@@ -47,22 +61,106 @@ class Options(Frozen):
     #: through the order (:func:`~offsim.plan.optimizer_split.interleave`), one position earlier
     #: than the fork. None: the performance model.
     prefetch_optimizer_gap: int | None = Field(None, ge=2)
+    #: the model's parameters as Megatron-DeepSpeed registers them (the artifact's launcher):
+    #: per block the input norm, the fused QKV, the attention output, the second norm, the fused
+    #: SwiGLU fc1 (gate and up), fc2 (megatron/model/transformer.py ``ParallelTransformerLayer``,
+    #: ``ParallelAttention``, ``ParallelMLP``), which decides DeepSpeed's sub-groups
+    #: (:func:`megatron_tensors`); False: offsim's Hugging Face per-matrix list.
+    megatron_layout: bool = False
 
 
 NOTE = ("optimizer_split perf-model: the sub-groups streamed to the GPU are chosen when each step starts, from the "
         "previous step's CPU rate and the GPU memory free then (Deep Optimizer States); the program shown is the "
         "default option's, every sub-group on the CPU")
+FORK_NOTE = ("prefetch_optimizer_gap: the fork's fixed split over DeepSpeed's own sub-groups, laid out so that the "
+             "step's spread picks the fork's GPU-only ones (each side in the fork's order)")
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """The standard mechanisms, the CPU optimizer carrying the GPU split when it is on; with the
-    fork's fixed gap, the gradients of the sub-groups it updates on the GPU stay there
-    (:func:`kept_on_gpu`)."""
+    fork's fixed gap, the fork's own sub-groups and step (:func:`fork_system`)."""
     c = build_ctx(cfg, sz, Variants(deepspeed_grads=True))  # DeepSpeed ZeRO-3's partition_grads
     if c.st.optimizer_split != "perf-model":
         return standard(c)
-    system = standard(c, gpu_split(c, subgroups(c)), (NOTE,))
-    share = gpu_kept_share(c)
+    gap = read_options(c.st, Options).prefetch_optimizer_gap
+    if gap is None:
+        return standard(c, gpu_split(c, subgroups(c)), (NOTE,))
+    return fork_system(c, gap)
+
+
+def fork_groups(c: Ctx) -> list[int]:
+    """The rank's optimizer sub-groups as DeepSpeed forms them (elements each, in order:
+    :func:`~offsim.plan.footprint.deepspeed_sub_groups`) over the partitions of the model's
+    tensors (:func:`megatron_tensors` with ``megatron_layout``); the artifact's 7B: 130 of 16.8M
+    to 206M elements at sub_group_size 1e7, as its log counts (``After creating fp16
+    partitions: 130``)."""
+    tensors = megatron_tensors(c) if read_options(c.st, Options).megatron_layout else None
+    if tensors is None:
+        return fp.deepspeed_sub_groups(fp.param_partitions(c.cfg, c.sz), c.st.sub_group_params)
+    parts = [math.ceil(n / c.sz.param_part) for n in tensors]
+    return fp.deepspeed_sub_groups(parts, c.st.sub_group_params)
+
+
+def megatron_tensors(c: Ctx) -> list[int] | None:
+    """Elements of each parameter tensor in Megatron-DeepSpeed's registration order (GPTModel:
+    the word embedding (and learned positions), per block ``input_layernorm``,
+    ``self_attention.query_key_value`` (Wq, Wk, Wv fused), ``self_attention.dense``,
+    ``post_attention_layernorm``, ``mlp.dense_h_to_4h`` (gate and up fused with SwiGLU),
+    ``mlp.dense_4h_to_h``, then ``final_layernorm`` and the untied ``output_layer``); a block's
+    biases, if any, are counted with its norms. None for a mixture of experts or latent
+    attention (no such layout here) or a layer split by tensor parallelism."""
+    model = c.cfg.workload.model
+    if model.moe is not None or model.mla is not None:
+        return None
+    out: list[int] = []
+    wq, wk, wv, wo = model.attention_matrices()
+    for lay in c.sz.layers:
+        if lay.name in ("embed", "head"):  # the embedding; the final norm, then the output layer
+            out += fp.layer_tensors(model, lay)
+            continue
+        mlp = [model.hidden * model.ffn_hidden] * (3 if model.mlp == "gated" else 2)
+        rest = lay.params - (wq + wk + wv + wo + sum(mlp))
+        if rest < 0:
+            return None
+        fc1 = sum(mlp[:-1])
+        out += [rest - rest // 2, wq + wk + wv, wo, rest // 2, fc1, mlp[-1]]
+    return [n for n in out if n > 0]
+
+
+def fork_layout(c: Ctx, gap: int) -> tuple[list[int], list[bool]]:
+    """The fork's sub-groups laid out for the step's split (:func:`~offsim.plan.optimizer_split.
+    interleave_layout`: the mechanism's spread picks exactly the fork's GPU-only sub-groups, and
+    each side keeps the fork's order), and per position whether it is on the GPU."""
+    groups = fork_groups(c)
+    on_gpu = gap_on_gpu(len(groups), gap)
+    layout = interleave_layout(on_gpu)
+    return [groups[x] for x in layout], [on_gpu[x] for x in layout]
+
+
+def fork_system(c: Ctx, gap: int) -> System:
+    """The artifact fork's hybrid step (DataStates/DeepSpeed deep-optimizer-states 4570a955,
+    stage3.py ``step``) on DeepSpeed's own sub-groups (:func:`fork_groups`), not offsim's equal
+    ones: the GPU-only sub-groups (:func:`~offsim.plan.optimizer_split.gap_on_gpu`) go through
+    the GPU one at a time, their state's D2H and the next one's H2D queued on the same three
+    copier streams (``opt_transfers``: ``prefetch_optimizer_copier_{m,v,p}``, each a
+    ``cudaMemcpyAsync`` on its own stream, csrc/async_copier/async_copier.cpp) so they follow
+    each other, and the step waits for them before the GPU update (``copier_{m,v,p}.wait()``,
+    ``cudaStreamSynchronize``); the CPU updates the others meanwhile. The gradients of the
+    GPU-only sub-groups stay on the GPU at the boundary (:func:`kept_on_gpu`)."""
+    groups, on_gpu = fork_layout(c, gap)
+    n = len(groups)
+    system = standard(c, fork_split(c, groups, on_gpu), (FORK_NOTE,))
+    opt = system.mechanisms["optimizer"]
+    if isinstance(opt, CpuOptimizer):
+        orders = tuple(tuple(range(n)) for _ in opt.orders)  # the fork's loop: for sub_group_id in order
+        ios = tuple(group_io(c, p, False) for p in groups)
+        fork_opt = dataclasses.replace(opt, groups=ios, orders=orders)
+        system = dataclasses.replace(system, mechanisms={**system.mechanisms, "optimizer": fork_opt})
+    static = system.mechanisms["static"]
+    if isinstance(static, StaticState):
+        fork_state = cast("Mechanism", fork_static(c, gap, static))  # as standard() puts it among its mechanisms
+        system = dataclasses.replace(system, mechanisms={**system.mechanisms, "static": fork_state})
+    share = gap_gpu_share(fork_groups(c), gap)
     grads = system.mechanisms["grads"]
     if share <= 0 or not isinstance(grads, Grads) or not grads.buckets:
         return system
@@ -70,15 +168,50 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     return dataclasses.replace(system, mechanisms={**system.mechanisms, "grads": kept})
 
 
+def fork_static(c: Ctx, gap: int, static: StaticState) -> StaticState:
+    """The start-up state with the fork's optimizer state (:func:`~offsim.plan.optimizer_split.
+    fork_host_state`) in place of DeepSpeed's host items for it (a pageable fp32 master and
+    CPU Adam's moments for every sub-group), and the last GPU-only sub-group's state that stays
+    on the GPU between steps."""
+    pr, st = c.cfg.workload.precision, c.st
+    allocator = st.host_allocator if st.pin_memory else "exact"
+    host = fork_host_state(fork_groups(c), gap, DTYPE_BYTES[pr.master_params], DTYPE_BYTES[pr.optimizer_moments],
+                           DTYPE_BYTES[pr.params], lambda n: fp.round_pinned(n, allocator))
+    pinned = Tier.HOST_PINNED if st.pin_memory else Tier.HOST_PAGEABLE
+    kept = [i for i in static.items
+            if not (i.kind is TensorKind.OPT_STATE and i.tier in (Tier.HOST_PINNED, Tier.HOST_PAGEABLE))]
+    what = "optimizer state: fp32 master params and moments, pinned per sub-group (fork)"
+    fork = [StaticItem(pinned, whole(host.pinned_state_bytes), what, TensorKind.OPT_STATE),
+            StaticItem(pinned, whole(host.pinned_lp_bytes), "16-bit cast buffers of the CPU sub-groups (fork)"),
+            StaticItem(Tier.HOST_PAGEABLE, whole(host.cpu_moments_bytes),
+                       "optimizer state: CPU Adam moments of the CPU sub-groups (pageable)", TensorKind.OPT_STATE),
+            StaticItem(Tier.GPU, whole(host.gpu_resident_bytes),
+                       "optimizer state of the last GPU sub-group, kept between steps (fork)", TensorKind.OPT_STATE)]
+    return dataclasses.replace(static, items=(*kept, *(i for i in fork if i.nbytes > 0)))
+
+
+def fork_split(c: Ctx, groups: list[int], on_gpu: list[bool]) -> GpuSplit:
+    """:func:`gpu_split` over the fork's sub-groups, less the last GPU-only sub-group's D2H: the
+    fork copies a GPU-only sub-group's state back in ``opt_transfers`` of the next
+    CPU-with-prefetch sub-group (``get_prev_next_subgroup_on_gpu(prev=True)``), and none follows
+    the last one (from sub-group 0 of the next step it finds none, -1), so that state stays on
+    the GPU and is never copied back."""
+    split = gpu_split(c, [float(p) for p in groups])
+    last = max((k for k, g in enumerate(on_gpu) if g), default=None)
+    if last is None:
+        return split
+    skipped = dataclasses.replace(split.groups[last], to_host=c.paths.dma(False, 0, c.st.pin_memory))
+    return dataclasses.replace(split, groups=(*split.groups[:last], skipped, *split.groups[last + 1:]))
+
+
 def gpu_kept_share(c: Ctx) -> float:
     """The share of the gradient elements whose sub-group the fork's fixed gap updates on the GPU
-    (:func:`~offsim.plan.optimizer_split.gap_gpu_groups` of offsim's equal sub-groups); 0 with the
+    (:func:`~offsim.plan.optimizer_split.gap_gpu_share` of DeepSpeed's sub-groups); 0 with the
     performance model, whose choice comes at the step, after the boundary."""
     gap = read_options(c.st, Options).prefetch_optimizer_gap
     if gap is None:
         return 0.0
-    n = len(subgroups(c))
-    return gap_gpu_groups(n, gap) / n
+    return gap_gpu_share(fork_groups(c), gap)
 
 
 def kept_on_gpu(c: Ctx, grads: Grads, share: float) -> Grads:
@@ -113,7 +246,7 @@ def choice_policies(cfg: RunConfig, sz: StateSizes) -> dict[ChoiceId, ChoicePoli
         return {}
     gap = read_options(cfg.strategy, Options).prefetch_optimizer_gap
     if gap is not None:
-        return {ChoiceId.OPTIMIZER_SPLIT: GapSplit(len(subgroups(build_ctx(cfg, sz))), gap)}
+        return {ChoiceId.OPTIMIZER_SPLIT: GapSplit(len(fork_groups(build_ctx(cfg, sz))), gap)}
     return {ChoiceId.OPTIMIZER_SPLIT: split_policy(cfg, sz)}
 
 
