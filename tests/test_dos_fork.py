@@ -133,3 +133,18 @@ def test_step_is_bound_by_the_copies() -> None:
                     for p, g in zip(groups[:-1], on_gpu[:-1], strict=True) if g and p != HEAD)
     step_s = simulate(cfg).metrics.phases_s.optimizer
     assert copies_s <= step_s <= 1.1 * copies_s
+
+
+def test_cpu_sub_groups_go_home_pinned_beside_the_step() -> None:
+    """The fork's CPU-updated sub-group (fc2, 45,088,768 elements): its bf16 parameters, 2 B
+    each = 90,177,536 B, go H2D from the pinned cast buffer, not blocking the step's thread
+    (downsample_fp32_fp16 on the executor, copier_fetch_fp16), where vanilla ZeRO-3 blocks on a
+    pageable copy_."""
+    from offsim.systems._part_optimizer import _group_io
+    from offsim.systems.deep_optimizer_states import fork_cpu_io
+    c = build_ctx(_dos())
+    io, vanilla = fork_cpu_io(c, FC2), _group_io(c, FC2, False)
+    assert io.params_home is not None and io.params_home.nbytes == 2 * FC2 == 90_177_536
+    assert not io.home_blocks and vanilla.home_blocks
+    pinned = c.cfg.hardware.host_link.h2d.pinned.rate_bytes_per_s(90_177_536)
+    assert io.params_home.cap_bytes_per_s == pinned

@@ -60,7 +60,7 @@ def test_with_the_forks_gap_the_hybrid_step_is_not_faster_than_vanillas() -> Non
     shorten it). A strict xfail until the fork's own sub-groups (tests/test_dos_fork.py): with 595
     equal sub-groups, half on the GPU, offsim gave 3.09 against 3.32 s; with DeepSpeed's 130 of
     the Megatron layout the fork's gap 2 puts 63 % of the elements on the GPU, whose state copies
-    both ways one after the other bound the step: 3.71 against 3.33 s (measured 2026-11-25)."""
+    both ways one after the other bound the step: 3.70 against 3.33 s (measured 2026-11-25)."""
     cases = {c.id: c for c in load_cases(default_cases_path())}
     vanilla = simulate(case_config(cases["dos-7b-vanilla-zero3-cpu-optimizer"])).metrics
     dos = simulate(_dos_case(2)).metrics

@@ -27,7 +27,7 @@ from offsim.config.workload import DTYPE_BYTES
 from offsim.core.enums import ChoiceId, TensorKind, Tier
 from offsim.engine.hooks import ChoicePolicy
 from offsim.mechanisms.base import Mechanism
-from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GpuSplit, StreamedGroup
+from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GpuSplit, GroupIO, StreamedGroup
 from offsim.mechanisms.grads import GradBucket, Grads
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan import footprint as fp
@@ -153,7 +153,7 @@ def fork_system(c: Ctx, gap: int) -> System:
     opt = system.mechanisms["optimizer"]
     if isinstance(opt, CpuOptimizer):
         orders = tuple(tuple(range(n)) for _ in opt.orders)  # the fork's loop: for sub_group_id in order
-        ios = tuple(group_io(c, p, False) for p in groups)
+        ios = tuple(group_io(c, p, False) if g else fork_cpu_io(c, p) for p, g in zip(groups, on_gpu, strict=True))
         fork_opt = dataclasses.replace(opt, groups=ios, orders=orders)
         system = dataclasses.replace(system, mechanisms={**system.mechanisms, "optimizer": fork_opt})
     static = system.mechanisms["static"]
@@ -166,6 +166,19 @@ def fork_system(c: Ctx, gap: int) -> System:
         return system
     kept = cast("Mechanism", kept_on_gpu(c, grads, share))  # as standard() puts Grads among its mechanisms
     return dataclasses.replace(system, mechanisms={**system.mechanisms, "grads": kept})
+
+
+def fork_cpu_io(c: Ctx, params: float) -> GroupIO:
+    """A CPU-updated sub-group's step in the fork: DeepSpeed's unscale, CPU Adam and 16-bit cast,
+    but its 16-bit parameters go home from a pinned buffer beside the step, not by ZeRO-3's
+    blocking pageable ``copy_``: with ``prefetch_optimizer`` ``_reassign_or_swap_out_partitioned_
+    parameters`` skips that copy, and ``downsample_fp32_fp16``, on the step's executor thread,
+    casts into ``prefetch_optimizer_cpu_fp16_pinned_params`` and queues the H2D on its own copier
+    stream (``prefetch_optimizer_copier_fetch_fp16``), which the loop waits for only at the next
+    CPU-with-prefetch sub-group."""
+    io = group_io(c, params, False)
+    home = c.paths.dma(True, whole(params * c.bpp_param), True) if io.params_home is not None else None
+    return dataclasses.replace(io, params_home=home, home_blocks=False, home_gpu_bytes=0)
 
 
 def fork_static(c: Ctx, gap: int, static: StaticState) -> StaticState:
