@@ -10,6 +10,8 @@ exit codes of every command are listed once, in :mod:`offsim.commands._common`.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import gc
 import importlib
 import json
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
     from typer import _click as click  # Typer's own copy of click, which its groups hold
 
-__all__ = ["COMMAND_MODULES", "app", "commands"]
+__all__ = ["COMMAND_MODULES", "ConsoleApp", "app", "commands"]
 
 #: Each command defined in :mod:`offsim.commands`, with the module that defines it (a test checks
 #: this against the modules' ``register``). The help lists them in this order, after the core ones.
@@ -184,7 +186,34 @@ class LazyGroup(TyperGroup):
             self.commands.setdefault(name, command)
 
 
-app = typer.Typer(cls=LazyGroup, add_completion=False, no_args_is_help=True)
+class ConsoleApp(typer.Typer):
+    """The ``offsim`` app; calling it (what the ``offsim`` console script does, ``app()``) also
+    freezes the collector's objects at interpreter exit (:func:`freeze_at_exit`)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        freeze_at_exit()
+        return super().__call__(*args, **kwargs)
+
+
+@functools.cache  # registered once, at the first call, however often the app runs in a process
+def freeze_at_exit() -> None:
+    """Move every object the collector tracks to its permanent generation (:func:`gc.freeze`) when
+    the interpreter exits: registered when the app is first called, so it runs after every
+    ``atexit`` handler registered later (a command's, Dask's; handlers run last-in first-out).
+
+    CPython's shutdown (``Py_FinalizeEx``: ``finalize_modules`` then ``_PyGC_CollectNoFail``)
+    runs full collections over every object still alive: modules, classes, input models, a run's
+    schedule and records; frozen objects are skipped by those collections (the ``gc.freeze``
+    documentation), so the process exits without walking them. Modules are still cleared, the
+    standard streams flushed, every ``atexit`` handler and ``weakref.finalize`` callback run; what
+    the walk would have added is ``__del__`` of objects left in reference cycles, which Python
+    does not promise at exit (the ``object.__del__`` documentation) and offsim does not rely on:
+    its files are written and closed inside ``with`` blocks. ``offsim run``'s teardown: 56 -> 10
+    ms wall, its whole process ~455 -> ~405 ms CPU (2 cores shared, load 4-6; issue 16)."""
+    atexit.register(gc.freeze)
+
+
+app = ConsoleApp(cls=LazyGroup, add_completion=False, no_args_is_help=True)
 
 
 def _version_callback(value: bool) -> None:
