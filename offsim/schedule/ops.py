@@ -41,11 +41,13 @@ from offsim.core.enums import (
     TensorKind,
     Tier,
 )
+from offsim.schedule.fast_init import fast_init
 
 #: ``TensorRef.mb`` of a tensor that belongs to the micro-batch of the block instance it is named in
 CUR_MB = -2
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TensorRef:
     """A named piece of training state; its versions are implicit (the last write wins).
@@ -70,6 +72,7 @@ class TensorRef:
         return ".".join(parts)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Tag:
     """What an op is, for spans, stalls and metrics. The engine never branches on it.
@@ -92,6 +95,7 @@ class Tag:
 
 
 # ---------------------------------------------------------------- op bodies
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Delay:
     """Busy for ``seconds`` (a GPU kernel, costed from ``flops`` or from HBM bytes)."""
@@ -101,6 +105,7 @@ class Delay:
     kind: OpKind = field(default=OpKind.DELAY, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Flow:
     """Move ``nbytes`` over shared resources.
@@ -121,6 +126,7 @@ class Flow:
     kind: OpKind = field(default=OpKind.FLOW, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Alloc:
     """Hold ``nbytes`` of ``tier`` for ``tensor`` (an error if the tier overflows)."""
@@ -131,6 +137,7 @@ class Alloc:
     kind: OpKind = field(default=OpKind.ALLOC, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Free:
     """Release what ``tensor`` holds on ``tier`` (an error if it holds nothing)."""
@@ -140,6 +147,7 @@ class Free:
     kind: OpKind = field(default=OpKind.FREE, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Acquire:
     """Take ``amount`` of a pool (staging bytes, buffer slots); waits while it lacks them."""
@@ -149,6 +157,7 @@ class Acquire:
     kind: OpKind = field(default=OpKind.ACQUIRE, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Release:
     """Give ``amount`` back to a pool."""
@@ -158,6 +167,7 @@ class Release:
     kind: OpKind = field(default=OpKind.RELEASE, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Access:
     """Policy hook: issue the demand for ``unit`` (a hit, or a miss that runs the unit's fetch
@@ -169,6 +179,7 @@ class Access:
     kind: OpKind = field(default=OpKind.ACCESS, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Ready:
     """Wait until the cache holds ``unit`` (issued earlier by an :class:`Access` or a prefetch);
@@ -179,6 +190,7 @@ class Ready:
     kind: OpKind = field(default=OpKind.READY, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Prefetch:
     """Policy hook: start fetching the first of ``units`` not yet fetched, in order, while the
@@ -190,6 +202,7 @@ class Prefetch:
     kind: OpKind = field(default=OpKind.PREFETCH, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Done:
     """Policy hook: the ops that used ``unit`` have run; the eviction policy may release it."""
@@ -199,6 +212,7 @@ class Done:
     kind: OpKind = field(default=OpKind.DONE, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Flush:
     """Wait for the cache's fetches in flight and drop every unit (an iteration's end)."""
@@ -207,6 +221,7 @@ class Flush:
     kind: OpKind = field(default=OpKind.FLUSH, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Join:
     """Does nothing: a point other ops wait for, or a wait on the stream it sits on."""
@@ -214,6 +229,7 @@ class Join:
     kind: OpKind = field(default=OpKind.JOIN, init=False)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Choose:
     """A decision taken when the op starts: the policy of ``choice`` picks an option from the
@@ -236,6 +252,7 @@ class Choose:
 Body = Delay | Flow | Alloc | Free | Acquire | Release | Access | Ready | Prefetch | Done | Flush | Join | Choose
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Wait:
     """What an op's stream waits for at this op, when it has to wait: its dependencies (and, for
@@ -251,6 +268,7 @@ class Wait:
     cache: CacheId | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Op:
     """One op of a block.
