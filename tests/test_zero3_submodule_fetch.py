@@ -65,18 +65,22 @@ def test_prefetch_takes_until_the_bucket_is_reached_and_overshoots_by_one() -> N
     assert prefetch_params((3, (3, 0), 100), after, rule) == 70
 
 
-def test_layer_peaks_count_the_gather_in_flight_twice() -> None:
+def test_layer_peaks_count_a_coalesced_gather_in_flight_twice() -> None:
     """Two layers of units [100] and [40, 60], no recompute; trace: 100, 40, 60 (forward), 60,
-    40, 100 (backward); copies 2, bucket 50, max_live 150.
-    Layer 0 as 100 (forward): budget min(50, 50) = 50, takes 40 then 60 -> 100 + 2 x 100 = 300.
-    Layer 1 as 40: budget 50, takes 60 (60 >= 50) -> 40 + 2 x 60 = 160; as 60 (forward): budget
-    50, the next 60 is itself (skipped), takes 40 then 100 -> 60 + 2 x 140 = 340."""
+    40, 100 (backward); copies 2, bucket 50, max_live 150. A gather of several parameters costs
+    twice in flight, of one parameter once (partition_parameters.py ``all_gather_coalesced``).
+    Layer 0 as 100 (forward): budget min(50, 50) = 50, takes 40 then 60 (two parameters) ->
+    100 + 2 x 100 = 300. Layer 1 as 40 (forward): budget 50, takes 60 alone (60 >= 50) ->
+    40 + 60 = 100 (was 40 + 2 x 60 = 160); as 60 (forward): budget 50, the next 60 is itself
+    (skipped), takes 40 then 100 -> 60 + 2 x 140 = 340. Without prefetch each module's own
+    gather, one parameter, once: [100, 60] (was twice, [200, 120])."""
     rule = Zero3FetchRule(gather_copies=2, prefetch_bucket_params=50, max_live_params=150)
     trace = fetch_trace([[100], [40, 60]], [False, False])
     assert [u for _, _, u in trace] == [100, 40, 60, 60, 40, 100]
     assert trace_peaks(trace, 2, rule) == [300, 340]
+    assert trace_peaks(trace[1:3], 2, rule) == [0, 100]  # 40 current takes 60 alone: 40 + 60
     no_prefetch = Zero3FetchRule(gather_copies=2, prefetch_bucket_params=0, max_live_params=150)
-    assert trace_peaks(trace, 2, no_prefetch) == [200, 120]
+    assert trace_peaks(trace, 2, no_prefetch) == [100, 60]
 
 
 def test_recompute_forward_precedes_each_checkpointed_backward() -> None:
@@ -86,14 +90,14 @@ def test_recompute_forward_precedes_each_checkpointed_backward() -> None:
 
 def test_tied_head_gathers_the_embedding_again() -> None:
     """Embedding [100], a block [40], a tied head [5] (its norm): the head gathers the embedding's
-    weight first, identity (0, 0), charged to the head. No prefetch, copies 2: the head's peak is
-    2 x 100 = 200 (was 2 x 5 = 10 untied); forward 100, 40, 100, 5, backward 5, 100, 40, 100."""
+    weight first, identity (0, 0), charged to the head. No prefetch, each gather one parameter
+    (once): the head's peak is 100 (5 untied); forward 100, 40, 100, 5, backward 5, 100, 40, 100."""
     rule = Zero3FetchRule(gather_copies=2, prefetch_bucket_params=0)
     trace = fetch_trace([[100], [40], [5]], [False, False, False], tied_head=True)
     assert [(layer, u) for layer, _, u in trace] == [(0, 100), (1, 40), (2, 100), (2, 5), (2, 5), (2, 100),
                                                      (1, 40), (0, 100)]
-    assert trace_peaks(trace, 3, rule) == [200, 80, 200]
-    assert trace_peaks(fetch_trace([[100], [40], [5]], [False] * 3), 3, rule) == [200, 80, 10]
+    assert trace_peaks(trace, 3, rule) == [100, 40, 100]
+    assert trace_peaks(fetch_trace([[100], [40], [5]], [False] * 3), 3, rule) == [100, 40, 5]
     # with a bucket of 50, the head's norm (forward) current: the backward's norm is the same
     # parameter (skipped), then the tied weight is taken whole, 100 (the one-unit overshoot)
     bucket = Zero3FetchRule(gather_copies=1, prefetch_bucket_params=50, max_live_params=1e9)
@@ -141,17 +145,21 @@ def test_timeline_stays_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_one_trillion_model_window_by_hand() -> None:
-    """zi-1t-fits-one-dgx2 (hidden 25,600, FFN 102,400, 16 ranks: two copies in flight, bucket
-    5e7, live cap 1e9, distance 1e9). Wo (655,360,000 < 1e9) is current: budget min(1e9 -
-    655,360,000, 5e7) = 5e7, the next unit, FC1 (2,621,440,000), is taken whole:
-    655,360,000 + 2 x 2,621,440,000 = 5,898,240,000 elements (FC1 or FC2 current: 2 x
-    2,621,440,000 = 5,242,880,000, no budget above the live cap). Nothing retained at the turn:
-    the tied head gathers the embedding, 2 x 50,304 x 25,600 = 2,575,564,800 > 1e9. Window:
-    5,898,240,000 x 2 B = 11,796,480,000 B (10.99 GiB; the whole-layer rule held three layers,
-    43.95 GiB)."""
+    """zi-1t-fits-one-dgx2 (hidden 25,600, FFN 102,400, 16 ranks: a gather of several
+    parameters twice in flight, of one once; bucket 5e7, live cap 1e9, distance 1e9). Units of a
+    block: Wq, Wk, Wv, Wo (655,360,000 each), FC1, FC2 (2,621,440,000), norms and biases.
+    Wo current: budget min(1e9 - 655,360,000, 5e7) = 5e7, FC1 alone is taken whole (one
+    parameter, once): 655,360,000 + 2,621,440,000 = 3,276,800,000 (was twice: 5,898,240,000).
+    The largest: block 0's Wq current at the end of the backward takes the learned positions
+    (26,214,400 < 5e7) and the embedding (1,287,782,400), two parameters in one coalesced
+    gather, twice: 655,360,000 + 2 x 1,313,996,800 = 3,283,353,600. Nothing retained at the
+    turn: the tied head gathers the embedding, 2 x 1,287,782,400 > 1e9. Window: 3,283,353,600 x
+    2 B = 6,566,707,200 B (6.12 GiB; 10.99 GiB when every gather counted twice, and the
+    whole-layer rule held three layers, 43.95 GiB)."""
     case = next(c for c in load_cases(default_cases_path()) if c.id == "zi-1t-fits-one-dgx2")
     cfg = case_config(case)
-    assert footprint(cfg).breakdown["gpu"][WINDOW] == 11_796_480_000
+    assert footprint(cfg).breakdown["gpu"][WINDOW] == (655_360_000 + 2 * (26_214_400 + 1_287_782_400)) * 2
+    assert footprint(cfg).breakdown["gpu"][WINDOW] == 6_566_707_200
 
 
 def test_prefetch_bucket_is_a_strategy_input() -> None:

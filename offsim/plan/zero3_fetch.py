@@ -7,16 +7,23 @@ releases it (``deepspeed/runtime/zero/parameter_offload.py`` ``_register_deepspe
 deepspeed_runtime.md section 1). While one module computes, the GPU holds:
 
 * the current module, always whole, whatever its size (``max_live_parameters`` does not split
-  or delay it); while its all-gather is in flight it costs twice its size when the partition
-  group has more than one rank (``partition_parameters.py`` ``all_gather_coalesced``: a flat
-  buffer of every rank's partition, then ``AllGatherCoalescedHandle.wait`` rebuilds each
-  parameter with ``torch.cat``, a second full-size copy); one rank copies its own tensor up, 1x;
+  or delay it). A gather costs its size once when it holds one parameter and twice while in
+  flight when it holds several and the partition group has more than one rank
+  (``partition_parameters.py`` ``all_gather_coalesced``, read at v0.6.0, v0.13.3 and edaa722126:
+  ``len(params) == 1`` all-gathers straight into one buffer of the parameter's size,
+  "an opportunity to avoid some intermediate memory allocations"; several go through
+  ``_all_gather_dtype``, a flat buffer of every rank's partitions, and
+  ``AllGatherCoalescedHandle.wait`` rebuilds each parameter with ``torch.cat``, a second
+  full-size copy). Up to v0.5.x every parameter was gathered alone (``_allgather_param``, views
+  of one flat tensor), once. A submodule's unit is one weight matrix, so its own gather is
+  counted once (the block's remainder of norms and biases is one unit too, and small);
 * what the prefetcher gathered ahead (``fetch_sub_module``, read at DeepSpeed edaa722126): issued
   after the current module's wait, with the budget
   ``min(stage3_max_live_parameters - n_available, stage3_prefetch_bucket_size)`` elements
   (``n_available`` counts the current module), the test before each add so the last parameter
   overshoots by at most one unit; nothing when the current module alone reaches the live cap;
-  the prefetched bucket also costs twice while its gather is in flight; the loop stops at the
+  the prefetched bucket is one gather (``__all_gather_params`` of all its parameters), twice
+  while in flight when it holds several parameters, once when one; the loop stops at the
   first parameter still on NVMe (the NVMe prefetch reads it into host buffers instead), which
   this rule does not model: for NVMe-homed parameters it counts the bucket as if gathered (an
   upper bound);
@@ -70,8 +77,8 @@ class Zero3FetchRule:
 
     Attributes:
         tiles_per_linear: tiles per transformer-block weight matrix (1: no tiling).
-        gather_copies: copies of a bucket while its gather is in flight (2 with a partition
-            group of more than one rank, else 1).
+        gather_copies: copies of a gather of several parameters while it is in flight (2 with a
+            partition group of more than one rank, else 1); a gather of one parameter costs 1.
         prefetch_bucket_params: ``stage3_prefetch_bucket_size`` (0: no prefetch).
         max_live_params: ``stage3_max_live_parameters``.
         reuse_distance_params: ``stage3_max_reuse_distance``.
@@ -113,6 +120,11 @@ def prefetch_params(current: Module, following: Sequence[Module], rule: Zero3Fet
     ``min(max_live - current, bucket)``, the test before each add (so the last one overshoots);
     a parameter already gathered (the current one, or one taken) is skipped; 0 when the budget is
     not positive (``fetch_sub_module``'s prefetch step, deepspeed_runtime.md section 1)."""
+    return _prefetch(current, following, rule)[0]
+
+
+def _prefetch(current: Module, following: Sequence[Module], rule: Zero3FetchRule) -> tuple[float, int]:
+    """:func:`prefetch_params`'s elements and the number of parameters it takes."""
     budget = min(rule.max_live_params - current[2], rule.prefetch_bucket_params)
     taken, seen = 0.0, {current[1]}
     for _, ident, n in following:
@@ -121,17 +133,18 @@ def prefetch_params(current: Module, following: Sequence[Module], rule: Zero3Fet
         if ident not in seen:
             seen.add(ident)
             taken += n
-    return taken
+    return taken, len(seen) - 1
 
 
 def trace_peaks(trace: Sequence[Module], n_layers: int, rule: Zero3FetchRule) -> list[float]:
     """Per layer, the most gathered elements at once while one of its modules is the current
-    one in ``trace``: the larger of the module's gather in flight (``gather_copies`` x) and the
-    module plus its prefetch in flight (``gather_copies`` x :func:`prefetch_params`)."""
+    one in ``trace``: the module (its own gather, one parameter: once) plus its prefetch in
+    flight (:func:`prefetch_params`; ``gather_copies`` x when it holds several parameters, once
+    when one: ``all_gather_coalesced``'s ``len(params) == 1`` path)."""
     c, peaks = rule.gather_copies, [0.0] * n_layers
     for pos, m in enumerate(trace):
-        ahead = prefetch_params(m, trace[pos + 1:], rule)
-        peaks[m[0]] = max(peaks[m[0]], c * m[2], m[2] + c * ahead)
+        ahead, count = _prefetch(m, trace[pos + 1:], rule)
+        peaks[m[0]] = max(peaks[m[0]], m[2] + (c if count > 1 else 1) * ahead)
     return peaks
 
 
