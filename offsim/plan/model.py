@@ -43,6 +43,8 @@ class Layer:
         act_ckpt_bytes: what it keeps with checkpointing.
         grad_work_bytes: activation gradients alive at once during its backward (the two
             largest activation tensors: the gradient flowing in and the one being produced).
+        recompute_work_bytes: a checkpointed block's backward working memory with its recomputed
+            activations (:func:`recompute_work_bytes`); None: ``act_full_bytes + grad_work_bytes``.
     """
 
     index: int
@@ -54,6 +56,7 @@ class Layer:
     act_full_bytes: float
     act_ckpt_bytes: float
     grad_work_bytes: float = 0.0
+    recompute_work_bytes: float | None = None
 
     @property
     def is_block(self) -> bool:
@@ -67,6 +70,8 @@ class Layer:
     def backward_work_bytes(self, checkpointing: bool) -> float:
         """Transient GPU bytes of the backward beyond the kept activations: the recomputed
         activations (with checkpointing) plus the activation gradients in flight."""
+        if checkpointing and self.is_block and self.recompute_work_bytes is not None:
+            return self.recompute_work_bytes
         recomputed = self.act_full_bytes if (checkpointing and self.is_block) else 0.0
         return recomputed + self.grad_work_bytes
 
@@ -176,21 +181,65 @@ def block_activation_bytes(wl: Workload, sparse: bool = False) -> float:
     return float(replicated + (attn_split + mlp_split) / t.tensor_parallel)
 
 
-def largest_activation_bytes(wl: Workload, sparse: bool = False) -> float:
-    """Bytes of the largest single activation tensor of a block (16-bit): the MLP's inner
-    activation (of a routed MoE: all dispatched tokens' expert activations, as grouped-GEMM
-    implementations hold them), or the attention scores when they are materialised (per GPU: both
-    split over the tensor-parallel group, the hidden-size tensors replicated)."""
+def _largest_mlp_tensor_bytes(wl: Workload, sparse: bool) -> float:
+    """Bytes of the MLP's largest activation tensor (16-bit, per GPU): its inner activation (of a
+    routed MoE: all dispatched tokens' expert activations, as grouped-GEMM implementations hold
+    them), split over the tensor-parallel group, or a replicated hidden-size tensor."""
     m, t = wl.model, wl.training
-    tokens, tp = t.tokens_per_micro_batch, t.tensor_parallel
     inner = m.ffn_hidden
     if sparse and m.moe is not None:
         moe = m.moe
         inner = max(moe.experts_per_token * moe.expert_ffn_hidden, moe.shared_experts * moe.shared_width)
-    largest = 2.0 * tokens * max(inner / tp, m.hidden)
+    return 2.0 * t.tokens_per_micro_batch * max(inner / t.tensor_parallel, m.hidden)
+
+
+def _largest_attention_tensor_bytes(wl: Workload) -> float:
+    """Bytes of the attention's largest activation tensor (16-bit, per GPU): the ``s x s`` scores
+    of every head when they are materialised (no flash attention), else a hidden-size tensor."""
+    m, t = wl.model, wl.training
+    largest = 2.0 * t.tokens_per_micro_batch * m.hidden
     if not t.flash_attention:
-        largest = max(largest, 2.0 * m.heads * t.seq_len * t.seq_len * t.micro_batch / tp)
+        largest = max(largest, 2.0 * m.heads * t.seq_len * t.seq_len * t.micro_batch / t.tensor_parallel)
     return largest
+
+
+def largest_activation_bytes(wl: Workload, sparse: bool = False) -> float:
+    """Bytes of the largest single activation tensor of a block (16-bit): the MLP's inner
+    activation or the attention scores when they are materialised (per GPU: both split over the
+    tensor-parallel group, the hidden-size tensors replicated)."""
+    return max(_largest_mlp_tensor_bytes(wl, sparse), _largest_attention_tensor_bytes(wl))
+
+
+def recompute_work_bytes(wl: Workload, sparse: bool = False) -> float:
+    """GPU bytes of a checkpointed block's backward beyond its checkpoint, per GPU: the larger of
+    its two phases, each with two of its largest tensors as activation gradients (the one flowing
+    in and the one being produced).
+
+    DeepSpeed's ``CheckpointFunction.backward`` (runtime/activation_checkpointing/checkpointing.py,
+    v0.3.15 and edaa722126) re-runs the block's forward under ``torch.enable_grad()``, so every
+    tensor the forward saves for backward is alive again (``block_activation_bytes``), then calls
+    ``torch.autograd.backward`` on the recomputed outputs. Autograd frees a node's saved tensors
+    once the node has run (no ``retain_graph``), and the backward runs the MLP first: by the time
+    it reaches the attention, the MLP's saved tensors and its norm's input are gone (Korthikanti et
+    al., arXiv 2205.05198, Sec. 4.1: MLP 19sbh, each norm 2sbh; :func:`_mlp_activation_bytes`).
+
+    * MLP phase: everything recomputed + two of the MLP's largest tensors;
+    * attention phase: everything recomputed but the MLP half + two of the attention's largest
+      tensors (the ``5as^2b`` scores without flash attention).
+
+    With flash attention the MLP phase is the larger, so this equals the recomputed activations
+    plus two largest tensors (:attr:`Layer.grad_work_bytes`); without it, when the scores are the
+    largest tensor, the attention's two score-sized gradients no longer meet the MLP's saved
+    tensors. Memory-centric tiling (runtime/zero/tiling.py ``TiledLinear.forward``) concatenates
+    the tiles' outputs (``_combine_output_splits``), so it does not split these activations."""
+    m, t = wl.model, wl.training
+    full = block_activation_bytes(wl, sparse)
+    mlp_replicated, mlp_split = _mlp_activation_bytes(wl, sparse)
+    mlp_norms = 2 * (m.norms_per_block // 2) * t.seq_len * t.micro_batch * m.hidden
+    mlp_half = mlp_replicated + mlp_norms + mlp_split / t.tensor_parallel
+    mlp_phase = full + 2 * _largest_mlp_tensor_bytes(wl, sparse)
+    attention_phase = full - mlp_half + 2 * _largest_attention_tensor_bytes(wl)
+    return max(mlp_phase, attention_phase)
 
 
 def _gemm_time_s(gpu: GPU, dtype: str, flop: float) -> float:
@@ -229,18 +278,19 @@ def build_layers(wl: Workload, gpu: GPU) -> list[Layer]:
     layers = [Layer(0, "embed", _split(m.embedding_params, tp), 0.0, hidden_bytes / gpu.hbm_bytes_per_s,
                     hidden_bytes / gpu.hbm_bytes_per_s, hidden_bytes, hidden_bytes, hidden_bytes)]
     for i in range(m.layers):
-        block_flop, fwd_block, act_block, block_grads = kinds[m.sparse_block(i)]
+        block_flop, fwd_block, act_block, block_grads, recompute = kinds[m.sparse_block(i)]
         layers.append(Layer(i + 1, f"block{i}", _split(m.block_params_at(i), tp), block_flop, fwd_block,
-                            2 * fwd_block, act_block, hidden_bytes, block_grads))
+                            2 * fwd_block, act_block, hidden_bytes, block_grads, recompute))
     layers.append(_head_layer(wl, gpu, m.layers + 1, hidden_bytes))
     return layers
 
 
-def _block_costs(wl: Workload, gpu: GPU, sparse: bool) -> tuple[float, float, float, float]:
-    """Forward FLOPs, forward seconds, kept activation bytes and backward gradient bytes of a
-    dense (or, with ``sparse``, a mixture-of-experts) block."""
+def _block_costs(wl: Workload, gpu: GPU, sparse: bool) -> tuple[float, float, float, float, float]:
+    """Forward FLOPs, forward seconds, kept activation bytes, backward gradient bytes and the
+    recomputed backward's working bytes of a dense (or, with ``sparse``, a mixture-of-experts)
+    block."""
     return (sum(block_gemms(wl, sparse)), block_forward_s(wl, gpu, sparse), block_activation_bytes(wl, sparse),
-            2 * largest_activation_bytes(wl, sparse))
+            2 * largest_activation_bytes(wl, sparse), recompute_work_bytes(wl, sparse))
 
 
 def _split(params: int, tp: int) -> int:
