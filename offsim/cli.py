@@ -256,20 +256,27 @@ def run(
     --samples N, also p10/p50/p90 of the iteration time and of peak memory per tier over N draws
     of the assumed inputs' ranges, and in how many draws it fits."""
     from offsim import simulate
-    from offsim.commands._intervals import print_intervals, sample_run
-    from offsim.report.progress import progress_bar
 
     check_out_file(trace, "--trace")
     check_out_file(spans_csv, "--spans")
     cfg = load_config(hardware, workload, strategy, iterations=iterations, warmup=warmup, quiet=quiet)
     try:
-        with progress_bar(cfg.iterations, "simulating iterations", enabled=not quiet) as advance:
-            result = simulate(cfg, on_iteration=lambda done, total: advance())
+        if quiet:  # no progress to show: neither the bar's module nor rich imported (issue 16)
+            result = simulate(cfg)
+        else:
+            from offsim.report.progress import progress_bar
+
+            with progress_bar(cfg.iterations, "simulating iterations") as advance:
+                result = simulate(cfg, on_iteration=lambda done, total: advance())
     except OffsimError as exc:
         fail(str(exc))
     if result.feasible:
         _write_run_files(result, trace, spans_csv)
-    iv = sample_run(cfg, samples, seed, assumptions, progress=not quiet) if samples else None
+    iv = None
+    if samples:
+        from offsim.commands._intervals import print_intervals, sample_run
+
+        iv = sample_run(cfg, samples, seed, assumptions, progress=not quiet)
     if as_json:
         doc = json.loads(result.to_json())  # re-encoded strictly: no NaN/Infinity
         print_json(doc if iv is None else {**doc, "intervals": iv.to_dict()})

@@ -46,12 +46,13 @@ def test_the_freeze_is_registered_once_however_often_the_app_runs() -> None:
 
 def test_the_main_example_imports_no_heavy_package() -> None:
     """The README's main example, entered as the console script enters it, imports none of pandas,
-    plotly, Dask, PyTorch, SciPy or pyarrow, and no command module but the shared helpers."""
+    plotly, Dask, PyTorch, SciPy, pyarrow or rich (its table is written without rich, as rich
+    writes it: tests/test_plain_table.py), and no command module but the shared helpers."""
     loaded = set(_stdout("import sys\nfrom offsim.cli import app\n"
                          f"try:\n    app({MAIN_EXAMPLE})\nexcept SystemExit as exc:\n    assert exc.code == 0\n"
                          "print(' '.join(sys.modules))").split())
     assert not {m.split(".")[0] for m in loaded} & {"pandas", "plotly", "dask", "distributed", "torch",
-                                                    "scipy", "pyarrow"}
+                                                    "scipy", "pyarrow", "rich"}
     assert {m for m in loaded if m.startswith("offsim.commands.")} <= {"offsim.commands._common",
                                                                        "offsim.commands._options",
-                                                                       "offsim.commands._intervals"}
+                                                                       "offsim.commands._plain_table"}

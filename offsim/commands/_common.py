@@ -16,6 +16,7 @@ Exit codes (:class:`ExitCode`), used by every subcommand:
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -24,13 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from offsim.core.strict_json import dumps
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from offsim.config.hardware import HardwareProfile
     from offsim.config.run import RunConfig
     from offsim.config.workload import Workload
@@ -46,24 +46,48 @@ class ExitCode(IntEnum):
     TERMINATED = 143
 
 
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:  # made on first use by __getattr__ (rich imported then)
+    console: Console
+    err_console: Console
+
+
+@functools.cache
+def consoles() -> tuple[Console, Console]:
+    """The rich consoles of stdout and stderr, made on first use: ``offsim run`` writes its table
+    without rich where rich would write the same (:mod:`offsim.commands._plain_table`; issue 16)."""
+    from rich.console import Console
+
+    return Console(), Console(stderr=True)
+
+
+def __getattr__(name: str) -> Console:
+    """``console`` (stdout) and ``err_console`` (stderr), the consoles of :func:`consoles`."""
+    if name in ("console", "err_console"):
+        return consoles()[name == "err_console"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def escape(text: str) -> str:
+    """``text`` with rich markup escaped (``rich.markup.escape``, imported on first use)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def fail(message: str, code: int = ExitCode.BAD_INPUT) -> NoReturn:
     """Print ``message`` as the one error line (markup in it printed as text) and exit ``code``."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    consoles()[1].print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
 def say(text: str, *, stderr: bool = False) -> None:
     """Print plain ``text`` (no markup, no highlighting; ``[...]`` is kept as written)."""
-    (err_console if stderr else console).print(text, markup=False, highlight=False, soft_wrap=True)
+    consoles()[stderr].print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def note(text: str) -> None:
     """A yellow ``note:`` line on stderr; ``text`` is printed as written."""
-    err_console.print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
+    consoles()[1].print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def strict_json(obj: Any, *, indent: int | None = 2) -> str:
@@ -168,33 +192,58 @@ def list_shipped(kind: DataKind, describe: Callable[[Any], str], as_json: bool) 
     if as_json:
         print_json(rows)
         return
+    from rich.table import Table
+
     t = Table(title=f"shipped {kind} files")
     t.add_column("name")
     t.add_column("summary")
     for name, row in rows.items():
         t.add_row(escape(name), escape(row["summary"]))
-    console.print(t)
+    consoles()[0].print(t)
 
 
 def print_metrics_table(result: Any) -> None:
-    """A human summary of one run (a :class:`~offsim.results.RunResult`)."""
+    """A human summary of one run (a :class:`~offsim.results.RunResult`): rich's table, written
+    without rich where that gives the same text (:func:`~offsim.commands._plain_table.two_column_table`)."""
     m = result.metrics
     cfg = result.config
-    title = escape(f"{cfg.workload.name} on {cfg.hardware.name} with {cfg.strategy.name}")
+    title = f"{cfg.workload.name} on {cfg.hardware.name} with {cfg.strategy.name}"
     if not m.feasible:
-        console.print(f"[bold]{title}[/]\n[bold red]infeasible:[/] {escape(str(m.infeasible_reason))}",
-                      highlight=False)
+        consoles()[0].print(f"[bold]{escape(title)}[/]\n[bold red]infeasible:[/] {escape(str(m.infeasible_reason))}",
+                            highlight=False)
         return
-    t = Table(title=title, show_header=False)
+    from offsim.commands._plain_table import console_width, two_column_table, writes_plain
+
+    rows = metrics_rows(result)
+    plain = two_column_table(title, rows, console_width(os.environ)) if writes_plain(sys.stdout, os.environ) else None
+    if plain is not None:
+        sys.stdout.write(plain)
+        return
+    consoles()[0].print(metrics_table(title, rows))
+
+
+def metrics_rows(result: Any) -> list[tuple[str, str]]:
+    """The (metric, value) rows of :func:`print_metrics_table`, as text (no markup)."""
+    rows: list[tuple[str, str]] = []
+    _time_rows(rows, result.metrics)
+    _memory_rows(rows, result.metrics, result.config)
+    _cache_rows(rows, result)
+    return rows
+
+
+def metrics_table(title: str, rows: list[tuple[str, str]]) -> Any:
+    """The rich ``Table`` of :func:`print_metrics_table` (every text escaped: printed as written)."""
+    from rich.table import Table
+
+    t = Table(title=escape(title), show_header=False)
     t.add_column("metric")
     t.add_column("value", justify="right")
-    _time_rows(t, m)
-    _memory_rows(t, m, cfg)
-    _cache_rows(t, result)
-    console.print(t)
+    for label, value in rows:
+        t.add_row(escape(label), escape(value))
+    return t
 
 
-def _cache_rows(t: Table, result: Any) -> None:
+def _cache_rows(t: list[tuple[str, str]], result: Any) -> None:
     """A row per cache: hit rate, bytes it moved, and the lower bound any policy must move.
 
     The bound is :func:`offsim.cache_stats.cache_bound` (min-cost flow, a bound whatever the
@@ -212,7 +261,7 @@ def _cache_rows(t: Table, result: Any) -> None:
         lower = bounds.get(name)
         against = (f"lower bound {lower / 1e9:.3f} GB" if lower is not None
                    else f"belady (heuristic) {c.offline_plan_bytes_fetched / 1e9:.3f} GB")
-        t.add_row(escape(f"cache {name} ({c.policy})"), f"hits {rate}, {moved}, {against}")
+        t.append((f"cache {name} ({c.policy})", f"hits {rate}, {moved}, {against}"))
 
 
 def _cache_lower_bounds(result: Any) -> dict[str, float]:
@@ -230,17 +279,17 @@ def _cache_lower_bounds(result: Any) -> dict[str, float]:
             if name in with_events and steady}
 
 
-def _time_rows(t: Table, m: Any) -> None:
+def _time_rows(t: list[tuple[str, str]], m: Any) -> None:
     """Rows for time, throughput and busy fractions."""
-    t.add_row("iteration time", f"{m.iteration_time_s:.4g} s")
-    t.add_row("throughput (whole job)", f"{m.tokens_per_s:,.0f} tokens/s")
-    t.add_row("model TFLOP/s per GPU", f"{m.tflops_per_gpu:.1f}")
-    t.add_row("hardware TFLOP/s per GPU (recompute incl.)", f"{m.hardware_tflops_per_gpu:.1f}")
-    t.add_row("GPU busy", f"{100 * m.gpu_busy_fraction:.1f} %")
+    t.append(("iteration time", f"{m.iteration_time_s:.4g} s"))
+    t.append(("throughput (whole job)", f"{m.tokens_per_s:,.0f} tokens/s"))
+    t.append(("model TFLOP/s per GPU", f"{m.tflops_per_gpu:.1f}"))
+    t.append(("hardware TFLOP/s per GPU (recompute incl.)", f"{m.hardware_tflops_per_gpu:.1f}"))
+    t.append(("GPU busy", f"{100 * m.gpu_busy_fraction:.1f} %"))
     for phase, secs in m.phases_s.model_dump().items():
-        t.add_row(f"phase {phase}", f"{secs:.4g} s")
-    t.add_row("optimizer step (whole)", f"{m.optimizer_step_s:.4g} s")
-    t.add_row("GPU stalled on data", f"{m.stall_s:.4g} s")
+        t.append((f"phase {phase}", f"{secs:.4g} s"))
+    t.append(("optimizer step (whole)", f"{m.optimizer_step_s:.4g} s"))
+    t.append(("GPU stalled on data", f"{m.stall_s:.4g} s"))
 
 
 #: What each peak-memory row is per, and what it is.
@@ -253,18 +302,18 @@ PEAK_LABELS = {
 }
 
 
-def _memory_rows(t: Table, m: Any, cfg: Any) -> None:
+def _memory_rows(t: list[tuple[str, str]], m: Any, cfg: Any) -> None:
     """Rows for peak memory per tier and traffic per link; tiers the profile lacks are left out."""
     for tier, b in m.peak_bytes.model_dump().items():
         if not b and not configured(cfg, tier):
             continue
-        t.add_row(PEAK_LABELS.get(tier, f"peak {tier}"), gib(b))
+        t.append((PEAK_LABELS.get(tier, f"peak {tier}"), gib(b)))
     for link, b in m.traffic_bytes.model_dump().items():
         if not b and not configured(cfg, link):
             continue
-        t.add_row(f"{link} / iteration (per GPU)", f"{b / 1e9:.3f} GB")
+        t.append((f"{link} / iteration (per GPU)", f"{b / 1e9:.3f} GB"))
     if m.activation_policy is not None:
-        t.add_row("activations", escape(str(m.activation_policy)))
+        t.append(("activations", str(m.activation_policy)))
 
 
 def configured(cfg: Any, what: str) -> bool:
