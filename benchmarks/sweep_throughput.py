@@ -134,10 +134,10 @@ def worker_share(plan: SweepPlan, workers: int, profiled: bool) -> None:
     ``workers``-th chunk of the grid, reusing runs (:func:`offsim.engine.reuse.enable`), timed
     in CPU seconds of this process (and profiled with ``profiled``)."""
     from offsim.engine import reuse
-    from offsim.sweep.execute import _chunks
+    from offsim.sweep.execute import _chunks, hardware_axis_keys
 
     payload = Payload.from_plan(plan, prefilter=True)
-    share = _chunks(plan.points, workers)[::workers]
+    share = _chunks(plan.points, workers, hardware_axis_keys(plan))[::workers]
     memo = reuse.RunMemo()
     prof = cProfile.Profile() if profiled else None
     c0, t0 = cpu_s(resource.RUSAGE_SELF), time.perf_counter()

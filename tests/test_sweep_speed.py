@@ -6,7 +6,8 @@ compositions (:meth:`offsim.engine.reuse.RunMemo.compiled`), the schedule's fing
 once (:attr:`offsim.schedule.ops.Schedule.fingerprint`), time bounds kept per schedule and
 machine (:func:`offsim.schedule.bound.iteration_work`), span sums kept with the spans
 (:func:`offsim.metrics._span_sums`) and one composition per point where the strategy's
-measurement window is known (:func:`offsim.systems._registry.compose_measured`).
+measurement window is known (:func:`offsim.systems._registry.compose_measured`); one composition per
+distinct composition input (:mod:`offsim.sweep.compose_memo`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from offsim.metrics import _span_sums, summarize
 from offsim.plan.footprint import state_sizes
 from offsim.schedule import bound
 from offsim.simulation import compose_run, run_schedule
+from offsim.sweep import compose_memo
 from offsim.sweep.evaluate import Payload, run_chunk
 from offsim.sweep.spec import make_plan
 from offsim.systems._compile import compile_system
@@ -47,26 +49,29 @@ class _Forgets(dict):  # type: ignore[type-arg]
         return default
 
 
-def _rows(plan: Any, shortcuts: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], Any]:
+def _rows(plan: Any, shortcuts: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], Any, Any]:
     payload = Payload.from_plan(plan, prefilter=True)
     items = [(p.index, p.point_id, p.overrides) for p in plan.points]
     with monkeypatch.context() as m:
         m.setattr(bound, "_MEMO", bound._MEMO.__class__() if shortcuts else _Forgets())
         m.setattr(registry, "_WINDOWS", {} if shortcuts else _Forgets())
         m.setattr(reuse, "_PROCESS", None)
+        composed = compose_memo.ComposeMemo()  # used where runs are reused (offsim.sweep.compose_memo)
+        m.setattr(compose_memo, "_PROCESS", composed)
         if not shortcuts:
-            return run_chunk(payload, items), None
+            return run_chunk(payload, items), None, None
         with reuse.reusing(reuse.RunMemo()) as memo:
-            return run_chunk(payload, items), memo
+            return run_chunk(payload, items), memo, composed
 
 
 @pytest.mark.slow
 def test_a_sweep_gives_the_same_rows_with_its_shortcuts_on_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
     plan = make_plan("rtx4090-pcie4-ws", "llama2-7b", "zero-offload", grid=GRID, name="speed")
     assert len(plan.points) == 384
-    slow, _ = _rows(plan, False, monkeypatch)
-    fast, memo = _rows(plan, True, monkeypatch)
-    assert memo.hits > 100 and memo.compiles_saved > 100  # the shortcuts were taken
+    slow, _, _ = _rows(plan, False, monkeypatch)
+    fast, memo, composed = _rows(plan, True, monkeypatch)
+    # the shortcuts were taken (a composition handed out again brings its compile with it)
+    assert memo.hits > 100 and memo.compiles_saved + composed.hits > 100 and composed.hits > 100
     statuses = {r["status"] for r in slow}
     assert statuses == {"ok", "infeasible"}, statuses
     for a, b in zip(slow, fast, strict=True):

@@ -24,9 +24,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from offsim.api import resolve
+from offsim.engine import reuse
 from offsim.errors import OffsimError
 from offsim.plan.time_bound import time_lower_bound
 from offsim.simulation import Composed, compose_run, simulate_resolved
+from offsim.sweep import compose_memo
 from offsim.sweep.cost import cost_columns, usd_per_hour
 from offsim.sweep.overrides import Library, OverrideError, apply_overrides, build_run_config
 from offsim.sweep.prefilter import Frontier
@@ -161,8 +163,11 @@ def _evaluate(
         workload_id=_digest(sections["workload"], 12),
         tokens_per_iteration=wl.tokens_per_iteration,
     )
-    composed = compose_run(cfg)  # once: the pre-filter and the simulation share it
-    point = _prefilter(payload, composed, frontier, goal, row) if payload.prefilter else composed
+    # once: the pre-filter and the simulation share it; where runs are reused (a sweep's worker),
+    # composed once per distinct composition input (offsim.sweep.compose_memo)
+    memo = compose_memo.process_memo() if reuse.active() is not None else None
+    composed = compose_run(cfg) if memo is None else memo.compose(cfg)
+    point = _prefilter(payload, composed, frontier, goal, row, memo) if payload.prefilter else composed
     if point is None:
         return
     result = simulate_resolved(cfg, composed=point)
@@ -173,7 +178,7 @@ def _evaluate(
 
 
 def _prefilter(payload: Payload, point: Composed, frontier: Frontier | None, goal: Goal | None,
-               row: dict[str, Any]) -> Composed | None:
+               row: dict[str, Any], memo: compose_memo.ComposeMemo | None = None) -> Composed | None:
     """Fill the pre-filter's columns; None when the point is settled without simulating it, else
     the point as the simulation takes it (compiled, when it fits).
 
@@ -185,7 +190,7 @@ def _prefilter(payload: Payload, point: Composed, frontier: Frontier | None, goa
     if fit is not None and fit.first_overflow() is not None:
         row["prefilter"] = "infeasible"
         return point
-    point = point.compiled()
+    point = point.compiled() if memo is None else memo.compiled(point)
     bound = time_lower_bound(cfg, sz, point.schedule)
     row.update(time_lower_bound_s=bound.seconds, bound_binding=bound.binding)
     row["prefilter"] = "passed"

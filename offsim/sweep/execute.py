@@ -4,8 +4,9 @@
   :class:`concurrent.futures.ProcessPoolExecutor` (default: one process per core);
   ``scheduler=ADDRESS`` submits the same chunks to a running ``dask.distributed`` cluster (the
   payload is scattered to every worker once). There is no other job system.
-* **Chunks.** Points travel in small chunks (at most :data:`MAX_CHUNK`) so that per-task
-  overhead stays small while each finished chunk is stored at once.
+* **Chunks.** Points that differ only in hardware axes travel together (at most
+  :data:`GROUP_CHUNK`), so that one worker composes and runs once what they share; other points
+  travel :data:`MAX_CHUNK` at a time. Each finished chunk is stored at once; a Dask task is a chunk.
 * **Waves.** With the pre-filter on and prices known, points are ordered by hourly price and
   processed in waves of :data:`WAVE_POINTS`; a wave's dominance test uses the points simulated in
   earlier waves only. Wave boundaries depend on the spec alone, never on timing or on the number
@@ -38,15 +39,20 @@ import pandas as pd
 
 from offsim.engine import reuse
 from offsim.errors import ConfigError
-from offsim.sweep.evaluate import Payload, point_usd_per_hour, run_chunk
+from offsim.sweep.evaluate import Payload, column_value, point_usd_per_hour, run_chunk
 from offsim.sweep.prefilter import Frontier
 from offsim.sweep.spec import Point, SweepPlan
 from offsim.sweep.store import ResultStore, rows_to_frame
 
 #: Points per dominance wave (fixed, so that decisions do not depend on the machine).
 WAVE_POINTS = 256
-#: Most points sent to a worker at once.
+#: Most points sent to a worker at once, where they share no composition.
 MAX_CHUNK = 16
+#: Most points of one group sent to a worker at once: points that differ only in hardware axes
+#: go together, so that one worker composes, compiles and runs what they share once (issue 16:
+#: dealt 16 at a time, the points that share a composition or a run, hundreds apart in grid
+#: order, went to every worker and each composed and ran them again), and a Dask task is a batch
+GROUP_CHUNK = 256
 #: Seconds to wait for a Dask scheduler before giving up with a message.
 DASK_CONNECT_TIMEOUT_S = 5.0
 #: Times Dask reruns a chunk whose task raised (a lost worker is rescheduled by Dask itself).
@@ -271,12 +277,37 @@ def plan_waves(plan: SweepPlan, prefilter: bool) -> list[list[Point]]:
     return [pts[i : i + WAVE_POINTS] for i in range(0, len(pts), WAVE_POINTS)]
 
 
-def _chunks(points: list[Point], workers: int) -> list[Items]:
-    size = max(1, min(MAX_CHUNK, math.ceil(len(points) / (4 * workers))))
-    return [
-        [(p.index, p.point_id, p.overrides) for p in points[i : i + size]]
-        for i in range(0, len(points), size)
-    ]
+def _chunks(points: list[Point], workers: int, hardware_keys: frozenset[str] = frozenset()) -> list[Items]:
+    """``points`` in chunks for ``workers``: those that agree on every axis outside
+    ``hardware_keys`` (a group) go together, at most :data:`GROUP_CHUNK` and a quarter of a
+    worker's share at once (points of one group share their workload and strategy: often their
+    composition and their runs); groups of one point are packed :data:`MAX_CHUNK` at a time.
+    Groups keep the order of their first point, points their order within the group."""
+    groups: dict[tuple[Any, ...], list[Point]] = {}
+    for p in points:
+        key = tuple((k, column_value(v)) for k, v in p.overrides.items() if k not in hardware_keys)
+        groups.setdefault(key, []).append(p)
+    share = max(1, math.ceil(len(points) / (4 * workers)))
+    size = max(1, min(GROUP_CHUNK, share))
+    small = max(1, min(MAX_CHUNK, share))
+    chunks: list[Items] = []
+    loose: list[Point] = []  # groups too small to share anything, packed together
+    for group in groups.values():
+        if len(group) <= small // 2:
+            loose.extend(group)
+            continue
+        chunks.extend(_items(group[i : i + size]) for i in range(0, len(group), size))
+    chunks.extend(_items(loose[i : i + small]) for i in range(0, len(loose), small))
+    return chunks
+
+
+def _items(points: list[Point]) -> Items:
+    return [(p.index, p.point_id, p.overrides) for p in points]
+
+
+def hardware_axis_keys(plan: SweepPlan) -> frozenset[str]:
+    """The keys of ``plan``'s axes that change only the hardware section."""
+    return frozenset(a.key for a in plan.axes if a.section == "hardware")
 
 
 # ----------------------------------------------------------------------------- running
@@ -352,7 +383,8 @@ def _run_wave(state: _Progress, backend: Backend, wave: list[Point], seen: list[
     if waves > 1:  # dominance by the points of earlier waves only
         known = state.known or {}
         frontier = Frontier.from_rows(known[p.point_id] for p in seen if p.point_id in known)
-    for _items, rows in backend.run(_chunks(todo, backend.workers), frontier):
+    chunks = _chunks(todo, backend.workers, hardware_axis_keys(state.plan))
+    for _done, rows in backend.run(chunks, frontier):
         if isinstance(rows, BaseException):
             state.outcome.failed_chunks += 1
             continue

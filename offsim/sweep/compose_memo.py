@@ -1,0 +1,283 @@
+"""Compose once per distinct composition input: a sweep's points that differ only in hardware
+numbers the composition never reads share one composition (issue 16).
+
+A point's composition (:func:`offsim.simulation.compose_run`: the state sizes, the measurement
+window fit and the system's mechanisms) is a pure function of its configuration. A sweep varies
+hardware numbers that many strategies' compositions never read (the DRAM size, the NVMe drives
+of a strategy that keeps nothing on NVMe, the PCIe generation: bandwidths are the executor's
+input, not the composition's), so composing each point anew repeats work (3.3 ms a point, a
+third of a worker's CPU at 74d2174).
+
+Which hardware numbers a composition reads is not guessed: it is recorded. The first point of a
+kind is composed with its hardware profile wrapped so that every field read is noted (its dotted
+path, e.g. ``gpu.hbm_bytes_per_s``; a read of a whole sub-model, such as hashing it for a cache
+or dumping it, notes that sub-model's whole value). The composition is kept under the values of
+exactly those paths, beside the whole value of everything else in the configuration (workload,
+strategy, iteration counts, notes). A later point whose configuration gives the same values on
+those paths gives the same composition: the function is deterministic, so it reads the same paths
+in the same order and computes the same things from them. A composition that keeps a hardware
+object inside itself (it could be read later, by the compiler or the executor, untraced) is
+never kept.
+
+What is handed out on a hit is the kept composition with the point's own configuration
+(the kept fitted configuration with the point's hardware): the machine, capacities and prices
+of the point are its own. ``tests/test_sweep_reuse.py`` checks every row of a sweep equal with and
+without this memo.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import operator
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel
+
+from offsim.config.hardware import HardwareProfile
+from offsim.config.run import RunConfig
+from offsim.simulation import Composed, compose_run
+
+#: distinct compositions a memo keeps, those used last. The 10,000-point 7B grid of
+#: benchmarks/sweep_throughput.py has 648 distinct compositions per strategy (the DRAM size is the
+#: only axis its compositions do not read), and points that share one lie 648 points apart in grid
+#: order: a worker that keeps fewer than that reuses none
+KEPT = 1024
+
+#: attribute names that read a whole model's value (pydantic's own methods read ``__dict__``)
+_WHOLE_NAMES = frozenset({"__dict__", "model_dump", "model_dump_json", "__getstate__", "__reduce__",
+                          "__reduce_ex__", "model_fields_set", "__pydantic_fields_set__", "__pydantic_extra__",
+                          "__pydantic_private__"})
+_SCALARS = (bool, int, float, str, Enum, type(None))
+
+#: ``id(traced object) -> (its dotted path, the reads of the composition being traced)``
+_TRACED: dict[int, tuple[str, _Reads]] = {}
+_TRACED_LOCK = threading.Lock()  # one traced composition at a time per process (a Dask worker has threads)
+_CLASSES: dict[type, type] = {}
+#: the field names of each traced class
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+class _Reads:
+    """The dotted paths a traced composition read: leaves (compared by value) and whole
+    sub-models (compared by their dumped value)."""
+
+    def __init__(self) -> None:
+        self.leaves: dict[str, None] = {}  # ordered sets
+        self.whole: dict[str, None] = {}
+        self.children: dict[tuple[int, str], BaseModel] = {}  # kept alive while traced
+
+
+def _traced_getattribute(self: BaseModel, name: str) -> Any:
+    value = object.__getattribute__(self, name)
+    info = _TRACED.get(id(self))
+    if info is None:
+        return value
+    path, reads = info
+    where = f"{path}.{name}" if path else name
+    if name in _FIELDS[type(self)]:
+        if isinstance(value, BaseModel):
+            return _child(self, name, value, where, reads)
+        if isinstance(value, _SCALARS):
+            reads.leaves[where] = None
+        else:  # a tuple or dict of numbers, or of models: compared whole
+            reads.whole[where] = None
+    elif name in _WHOLE_NAMES or name in object.__getattribute__(self, "__dict__"):
+        reads.whole[path] = None  # a cached value kept beside the fields stands for all of them
+    return value
+
+
+def _child(parent: BaseModel, name: str, value: BaseModel, where: str, reads: _Reads) -> BaseModel:
+    """The traced copy of ``parent``'s sub-model ``name`` (one per parent and field)."""
+    key = (id(parent), name)
+    child = reads.children.get(key)
+    if child is None:
+        child = _traced_copy(value)
+        reads.children[key] = child
+        _TRACED[id(child)] = (where, reads)
+    return child
+
+
+def _traced_class(cls: type) -> type:
+    """``cls`` with its attribute reads noted (a subclass: ``isinstance`` checks still hold)."""
+    traced = _CLASSES.get(cls)
+    if traced is None:
+        traced = type(cls.__name__, (cls,), {"__slots__": (), "__getattribute__": _traced_getattribute,
+                                             "__module__": cls.__module__})
+        _CLASSES[cls] = traced
+        _FIELDS[traced] = frozenset(cls.model_fields)  # type: ignore[attr-defined]
+    return traced
+
+
+def _traced_copy(model: BaseModel) -> BaseModel:
+    twin = copy.copy(model)
+    object.__setattr__(twin, "__class__", _traced_class(type(model)))
+    return twin
+
+
+def _whole_value(model: Any) -> Any:
+    """A hashable value of a sub-model or container read whole."""
+    if isinstance(model, BaseModel):
+        return (type(model).__name__, model.model_dump_json())
+    if isinstance(model, tuple | list):
+        return tuple(_whole_value(v) for v in model)
+    if isinstance(model, dict):
+        return tuple((k, _whole_value(v)) for k, v in model.items())
+    return model
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The hardware paths one kind of composition reads, as a getter of their values."""
+
+    leaves: tuple[str, ...]
+    whole: tuple[str, ...]
+
+    def values(self, hw: HardwareProfile) -> tuple[Any, ...]:
+        """The values of ``hw`` on these paths (raises AttributeError where a path is absent)."""
+        leaf = _getter(self.leaves)(hw) if self.leaves else ()
+        whole = tuple(_whole_value(v) for v in _getter(self.whole)(hw)) if self.whole else ()
+        return (tuple(leaf), whole)
+
+
+_GETTERS: dict[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] = {}
+
+
+def _getter(paths: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    got = _GETTERS.get(paths)
+    if got is None:
+        whole_root = "" in paths  # the profile itself read whole
+        getter = operator.attrgetter(*(p or "__class__" for p in paths))
+        one = len(paths) == 1
+
+        def got(hw: Any) -> tuple[Any, ...]:
+            v = getter(hw)
+            vals = (v,) if one else tuple(v)
+            if whole_root:
+                vals = tuple(hw if p == "" else x for p, x in zip(paths, vals, strict=True))
+            return vals
+
+        _GETTERS[paths] = got
+    return got
+
+
+def _rest_key(cfg: RunConfig) -> tuple[Any, ...]:
+    """Everything in ``cfg`` but its hardware, by value."""
+    return (cfg.workload.model_dump_json(), cfg.strategy.model_dump_json(), type(cfg.strategy).__name__,
+            cfg.iterations, cfg.warmup_iterations, cfg.tail_iterations, cfg.notes)
+
+
+class ComposeMemo:
+    """Compositions by their inputs: per configuration-but-hardware, the shapes of hardware reads
+    seen, each with its compositions by the values read. ``hits``/``misses`` count look-ups,
+    ``unkept`` the compositions that held a hardware object and were not kept."""
+
+    def __init__(self, kept: int = KEPT) -> None:
+        self.kept = kept
+        self.shapes: dict[tuple[Any, ...], list[_Shape]] = {}
+        self.found: OrderedDict[tuple[Any, ...], Composed] = OrderedDict()
+        self.hits = self.misses = self.unkept = 0
+        self._lock = threading.Lock()
+        #: ``id(system) -> (system, its schedule)``: a kept composition compiled once
+        self.schedules: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+
+    def compiled(self, point: Composed) -> Composed:
+        """``point.compiled()``, the schedule kept with its composition when one was compiled before
+        (a hit hands out the kept composition itself, so the schedule is found by identity)."""
+        if point.schedule is not None:
+            return point
+        with self._lock:
+            kept = self.schedules.get(id(point.system))
+        if kept is not None and kept[0] is point.system:
+            return dataclasses.replace(point, schedule=kept[1])
+        point = point.compiled()
+        with self._lock:
+            self.schedules[id(point.system)] = (point.system, point.schedule)
+            while len(self.schedules) > self.kept:
+                self.schedules.popitem(last=False)
+        return point
+
+    def compose(self, cfg: RunConfig) -> Composed:
+        """:func:`~offsim.simulation.compose_run` of ``cfg``, or the kept composition of an earlier
+        configuration with the same inputs, given ``cfg``'s hardware."""
+        rest = _rest_key(cfg)
+        with self._lock:
+            shapes = list(self.shapes.get(rest, ()))
+        for shape in shapes:
+            try:
+                key = (rest, shape, shape.values(cfg.hardware))
+                with self._lock:
+                    kept = self.found.get(key)
+                    if kept is not None:
+                        self.found.move_to_end(key)
+                        self.hits += 1
+            except (AttributeError, TypeError):  # a path this profile lacks (no NVMe), a model where a number was
+                continue
+            if kept is not None:
+                return dataclasses.replace(kept, cfg=kept.cfg.model_copy(update={"hardware": cfg.hardware}))
+        self.misses += 1
+        return self._compose_traced(cfg, rest)
+
+    def _compose_traced(self, cfg: RunConfig, rest: tuple[Any, ...]) -> Composed:
+        """Compose ``cfg`` with its hardware's reads noted; keep the composition under them unless
+        a traced model outlived the composition (something kept it: the composition, or a cache
+        that would hand it to a later reader untraced)."""
+        reads = _Reads()
+        twin = _traced_copy(cfg.hardware)
+        reads.children[(0, "")] = twin
+        with _TRACED_LOCK:
+            _TRACED[id(twin)] = ("", reads)
+            try:
+                point = compose_run(cfg.model_copy(update={"hardware": twin}))
+            finally:
+                _untrace(reads)
+        del twin  # what holds a traced model now is the composition, a cache, or nothing
+        point = dataclasses.replace(point, cfg=point.cfg.model_copy(update={"hardware": cfg.hardware}))
+        if _outlived(reads):
+            self.unkept += 1
+            return point
+        shape = _Shape(tuple(reads.leaves), tuple(reads.whole))
+        key = (rest, shape, shape.values(cfg.hardware))
+        with self._lock:
+            known = self.shapes.setdefault(rest, [])
+            if shape not in known:
+                known.append(shape)
+            self.found[key] = point
+            while len(self.found) > self.kept:
+                self.found.popitem(last=False)
+        return point
+
+
+#: the memo of a process given over to a sweep (its worker), made on first use
+_PROCESS: ComposeMemo | None = None
+
+
+def process_memo() -> ComposeMemo:
+    """This process's memo (a sweep's worker keeps one for all its points)."""
+    global _PROCESS  # one memo per worker process, like offsim.engine.reuse's run memo
+    if _PROCESS is None:
+        _PROCESS = ComposeMemo()
+    return _PROCESS
+
+
+#: references to a traced model when only :class:`_Reads` holds it: the dict's, the loop's
+#: name and :func:`sys.getrefcount`'s argument
+_ONLY_READS_HOLD = 3
+
+
+def _untrace(reads: _Reads) -> None:
+    """Stop noting reads of ``reads``' traced models (they stay held by ``reads`` alone)."""
+    for traced in reads.children.values():
+        _TRACED.pop(id(traced), None)
+
+
+def _outlived(reads: _Reads) -> bool:
+    """True when something besides ``reads`` still holds one of its traced models once the
+    composition is done (reference counts: CPython frees what nothing holds at once)."""
+    return any(sys.getrefcount(traced) > _ONLY_READS_HOLD for traced in reads.children.values())
