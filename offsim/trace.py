@@ -14,8 +14,10 @@ a trace or a report).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, TypeVar, overload
+
+from offsim.schedule.fast_init import fast_init
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built, not by every run (issue 16)
     import pandas as pd
@@ -24,18 +26,8 @@ SPAN_COLUMNS = ["iteration", "phase", "resource", "kind", "name", "layer", "star
 LEVEL_COLUMNS = ["t_s", "tier", "bytes"]
 
 
-def _slot_setters(cls: type) -> tuple[Callable[[Any, Any], None], ...]:
-    """The ``__set__`` of each field's slot of a slotted dataclass, in field order.
-
-    The records below are frozen, and the ``__init__`` a frozen dataclass generates sets each
-    field with ``object.__setattr__`` (its ``__setattr__`` refuses): 1.2 us for a :class:`Span`.
-    Their hand-written ``__init__`` sets the slots through their descriptors instead, 0.7 us (issue
-    16: ~10,000 records in one 175B run); the fields, defaults, values and the frozen
-    ``__setattr__`` are the dataclass's (``tests/test_engine_speed.py`` compares the two)."""
-    return tuple(getattr(cls, f.name).__set__ for f in fields(cls))
-
-
-@dataclass(frozen=True, slots=True, init=False)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class Span:
     """One interval of activity.
 
@@ -60,24 +52,9 @@ class Span:
     end_s: float
     bytes: float = 0.0
 
-    def __init__(self, iteration: int, phase: str, resource: str, kind: str, name: str, layer: int,
-                 start_s: float, end_s: float, bytes: float = 0.0) -> None:
-        s0, s1, s2, s3, s4, s5, s6, s7, s8 = _SPAN_SET
-        s0(self, iteration)
-        s1(self, phase)
-        s2(self, resource)
-        s3(self, kind)
-        s4(self, name)
-        s5(self, layer)
-        s6(self, start_s)
-        s7(self, end_s)
-        s8(self, bytes)
 
-
-_SPAN_SET = _slot_setters(Span)
-
-
-@dataclass(frozen=True, slots=True, init=False)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class LevelSample:
     """Bytes resident in ``tier`` from ``t_s`` on (per GPU for gpu; per node for host and nvme)."""
 
@@ -85,17 +62,9 @@ class LevelSample:
     tier: str
     bytes: float
 
-    def __init__(self, t_s: float, tier: str, bytes: float) -> None:
-        s0, s1, s2 = _LEVEL_SET
-        s0(self, t_s)
-        s1(self, tier)
-        s2(self, bytes)
 
-
-_LEVEL_SET = _slot_setters(LevelSample)
-
-
-@dataclass(frozen=True, slots=True, init=False)
+@fast_init
+@dataclass(frozen=True, slots=True)
 class CacheEvent:
     """One event of a policy-managed cache (``gpu_params``, ``dram_optimizer``).
 
@@ -116,19 +85,6 @@ class CacheEvent:
     tensor: int
     bytes: float = 0.0
     seconds: float = 0.0
-
-    def __init__(self, iteration: int, cache: str, kind: str, tensor: int, bytes: float = 0.0,
-                 seconds: float = 0.0) -> None:
-        s0, s1, s2, s3, s4, s5 = _CACHE_EVENT_SET
-        s0(self, iteration)
-        s1(self, cache)
-        s2(self, kind)
-        s3(self, tensor)
-        s4(self, bytes)
-        s5(self, seconds)
-
-
-_CACHE_EVENT_SET = _slot_setters(CacheEvent)
 
 
 T = TypeVar("T")

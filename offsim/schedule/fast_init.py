@@ -5,11 +5,12 @@ The ``__init__`` that ``dataclasses`` generates for a frozen class sets each fie
 generic call per field (``dataclasses.py::_field_assign`` with ``frozen=True``). A slotted class
 has a member descriptor per field; calling its ``__set__`` directly does the same store without
 the lookup. :func:`fast_init` replaces the generated ``__init__`` by one that does that, with the
-same parameters, defaults and values (``init=False`` fields take their default), as
-:mod:`offsim.trace` does by hand for its records. Compiling one GPT-3 175B schedule builds ~13,600
-:class:`~offsim.schedule.ops.Op` s, ~9,000 tags and ~13,000 bodies and tensor names;
-``tests/test_engine_speed_init.py`` checks every class given it against the dataclass's own
-``__init__``.
+same parameters, defaults and values (``init=False`` fields take their default). Compiling one
+GPT-3 175B schedule builds ~13,600 :class:`~offsim.schedule.ops.Op` s, ~9,000 tags and ~13,000
+bodies and tensor names, and its run ~12,000 :class:`~offsim.trace.Span` s and ~5,600 level
+samples (an ``Op`` 2.9 -> 1.8 us on this machine); ``tests/test_engine_speed_init.py`` checks
+every class of the schedule given it against the dataclass's own ``__init__``, and
+``tests/test_engine_speed.py`` the records'.
 """
 
 from __future__ import annotations
