@@ -37,10 +37,10 @@ def _rows(items: list[tuple[int, str, dict[str, Any]]], memo: ComposeMemo | None
     if memo is None:  # no run memo active: every point composed, compiled and run
         rows = run_chunk(PAYLOAD, items)
     else:
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(compose_memo, "_PROCESS", memo)
-            with reuse.reusing(reuse.RunMemo()):
-                rows = run_chunk(PAYLOAD, items)
+        runs = reuse.RunMemo()
+        compose_memo._BY_RUNS[runs] = memo
+        with reuse.reusing(runs):
+            rows = run_chunk(PAYLOAD, items)
     for r in rows:
         r.pop("wall_s")
     return rows

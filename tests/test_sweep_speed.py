@@ -56,12 +56,10 @@ def _rows(plan: Any, shortcuts: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[
         m.setattr(bound, "_MEMO", bound._MEMO.__class__() if shortcuts else _Forgets())
         m.setattr(registry, "_WINDOWS", {} if shortcuts else _Forgets())
         m.setattr(reuse, "_PROCESS", None)
-        composed = compose_memo.ComposeMemo()  # used where runs are reused (offsim.sweep.compose_memo)
-        m.setattr(compose_memo, "_PROCESS", composed)
         if not shortcuts:
             return run_chunk(payload, items), None, None
         with reuse.reusing(reuse.RunMemo()) as memo:
-            return run_chunk(payload, items), memo, composed
+            return run_chunk(payload, items), memo, compose_memo.memo_for(memo)
 
 
 @pytest.mark.slow

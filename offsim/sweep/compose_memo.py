@@ -32,6 +32,7 @@ import dataclasses
 import operator
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,13 +43,17 @@ from pydantic import BaseModel
 
 from offsim.config.hardware import HardwareProfile
 from offsim.config.run import RunConfig
+from offsim.engine.reuse import RunMemo
 from offsim.simulation import Composed, compose_run
 
-#: distinct compositions a memo keeps, those used last. The 10,000-point 7B grid of
-#: benchmarks/sweep_throughput.py has 648 distinct compositions per strategy (the DRAM size is the
-#: only axis its compositions do not read), and points that share one lie 648 points apart in grid
-#: order: a worker that keeps fewer than that reuses none
-KEPT = 1024
+#: distinct compositions a memo keeps, those used last. A worker is dealt the points that differ
+#: only in hardware axes together (:func:`offsim.sweep.execute._chunks`): in the 10,000-point 7B
+#: grid of benchmarks/sweep_throughput.py, 180 points a group with 36 distinct compositions (the
+#: DRAM size is the only axis its compositions do not read), 36 points apart
+KEPT = 128
+#: compiled schedules a memo keeps with their compositions (a 7B schedule is some 3,000 ops of
+#: about 250 bytes: 64 of them some 50 MB)
+SCHEDULES_KEPT = 64
 
 #: attribute names that read a whole model's value (pydantic's own methods read ``__dict__``)
 _WHOLE_NAMES = frozenset({"__dict__", "model_dump", "model_dump_json", "__getstate__", "__reduce__",
@@ -199,7 +204,7 @@ class ComposeMemo:
         point = point.compiled()
         with self._lock:
             self.schedules[id(point.system)] = (point.system, point.schedule)
-            while len(self.schedules) > self.kept:
+            while len(self.schedules) > SCHEDULES_KEPT:
                 self.schedules.popitem(last=False)
         return point
 
@@ -254,16 +259,18 @@ class ComposeMemo:
         return point
 
 
-#: the memo of a process given over to a sweep (its worker), made on first use
-_PROCESS: ComposeMemo | None = None
+#: the memo kept beside each run memo (:mod:`offsim.engine.reuse`): a pool worker's, a Dask
+#: worker's, an inline sweep's; it goes when its run memo goes
+_BY_RUNS: weakref.WeakKeyDictionary[RunMemo, ComposeMemo] = weakref.WeakKeyDictionary()
 
 
-def process_memo() -> ComposeMemo:
-    """This process's memo (a sweep's worker keeps one for all its points)."""
-    global _PROCESS  # one memo per worker process, like offsim.engine.reuse's run memo
-    if _PROCESS is None:
-        _PROCESS = ComposeMemo()
-    return _PROCESS
+def memo_for(runs: RunMemo) -> ComposeMemo:
+    """The compositions kept beside the run memo ``runs`` (made on first use)."""
+    with _TRACED_LOCK:
+        memo = _BY_RUNS.get(runs)
+        if memo is None:
+            memo = _BY_RUNS[runs] = ComposeMemo()
+    return memo
 
 
 #: references to a traced model when only :class:`_Reads` holds it: the dict's, the loop's

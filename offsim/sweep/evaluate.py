@@ -165,7 +165,8 @@ def _evaluate(
     )
     # once: the pre-filter and the simulation share it; where runs are reused (a sweep's worker),
     # composed once per distinct composition input (offsim.sweep.compose_memo)
-    memo = compose_memo.process_memo() if reuse.active() is not None else None
+    runs = reuse.active()
+    memo = None if runs is None else compose_memo.memo_for(runs)
     composed = compose_run(cfg) if memo is None else memo.compose(cfg)
     point = _prefilter(payload, composed, frontier, goal, row, memo) if payload.prefilter else composed
     if point is None:
