@@ -14,11 +14,18 @@ of 2P bytes each, the third of which fails on a 40 GB A100.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from offsim import simulate
+from offsim.core.enums import Tier
 from offsim.core.units import GiB
 from offsim.fit_check import footprint
+from offsim.mechanisms.base import Moment, Need, sum_needs
 from offsim.plan.footprint import state_sizes
+from offsim.systems._compile import System
+from offsim.systems._registry import compose
 from offsim.validation import Outcome, ValidationCase, case_config, default_cases_path, load_cases, run_case
 
 CASE_ID = "dllm9-llada8b-2xa100-zero2-gpu-oom"
@@ -86,28 +93,69 @@ OFFLOAD_0163 = {"strategy.overlap_grad_offload": False, "strategy.pin_memory": F
                 "strategy.system_options": {"z12_accum_mode": "drop_middle"}}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the footprint holds the activations kept for backward through the step (offsim/mechanisms/"
-    "activations.py footprint: moment None) and adds the step's transients on top (mechanisms/base.py "
-    "sum_needs); DeepSpeed's step runs after the last backward has freed them, so the GPU peak is the "
-    "larger of the backward's and the step's, not their sum"))
-def test_the_step_upload_does_not_meet_the_activations() -> None:
-    """With DeepSpeed 0.16.3's upload the GPU holds in backward 2P (16-bit) + activations +
-    working memory + buckets + reserve, at the step 2P + 2P (the fp32 partition, 4 B x P/2) +
-    buckets + reserve: the peak is the larger (about 28.6 and 33.3 GiB), not 2P + 2P + activations
-    (43.5 GiB, which offsim now rejects, short by 5.16 +- 1.49 GiB)."""
+def _offload_case() -> ValidationCase:
+    """The reporter's CPU-offload attempt with DeepSpeed 0.16.3's behaviour (``OFFLOAD_0163``)."""
     base = _case()
     case = base.model_copy(update={"strategy": "zero-offload",
                                    "overrides": {**base.overrides, **OFFLOAD_0163}})
     for key in ("strategy.zero_stage", "strategy.gpu_adam"):
         case.overrides.pop(key)
-    fp = footprint(case_config(case))
-    gpu = fp.breakdown["gpu"]
-    upload = gpu["fp32 partition uploaded before its GPU cast"]
-    assert upload == 4 * PARAMS / 2
-    kept = gpu["activations kept for backward"]
-    work = gpu["backward working memory (recompute, activation gradients)"]
-    held = sum(gpu.values()) - upload - kept - work
-    backward = held + kept + work
-    step = held + upload
-    assert fp.need_bytes["gpu"] == max(backward, step)
+    return case
+
+
+def _gpu_needs(system: System) -> dict[str, Need]:
+    needs = [n for m in system.mechanisms.values() for n in m.footprint() if n.tier is Tier.GPU]
+    assert len({n.what for n in needs}) == len(needs)  # one need per item here
+    return {n.what: n for n in needs}
+
+
+def test_the_step_upload_does_not_meet_the_activations() -> None:
+    """With DeepSpeed 0.16.3's upload the GPU holds in backward 2P (16-bit) + activations +
+    working memory + buckets + reserve, at the step 2P + 2P (the fp32 partition, 4 B x P/2) +
+    buckets + reserve: the peak is the larger (28.55 and 33.26 GiB), not 2P + 2P + activations
+    (43.49 GiB, which offsim rejected, short by 5.16 +- 1.49 GiB, while the activations were held
+    through the step)."""
+    cfg = case_config(_offload_case())
+    needs = _gpu_needs(compose(cfg))
+    upload = needs["fp32 partition uploaded before its GPU cast"]
+    assert upload.nbytes == 4 * PARAMS / 2 and upload.moment is Moment.STEP
+    kept = needs["activations kept for backward"]
+    work = needs["backward working memory (recompute, activation gradients)"]
+    assert kept.moment is work.moment is Moment.FORWARD_BACKWARD
+    held = sum(n.nbytes for n in needs.values() if n.moment is None)
+    # reserve 1.50 + 16-bit params 2P 14.93 + ZeRO-2 reduce bucket and offload buffer 1.90 GiB
+    assert round(held / GiB, 2) == 18.33
+    backward = held + kept.nbytes + work.nbytes  # + activations 9.75 + working memory 0.48 GiB
+    step = held + upload.nbytes
+    assert (round(backward / GiB, 2), round(step / GiB, 2)) == (28.55, 33.26)
+    fp = footprint(cfg)
+    assert fp.need_bytes["gpu"] == max(backward, step) == step
+    assert "activations kept for backward" not in fp.breakdown["gpu"]  # the peak is the step's
+
+
+def test_the_simulated_step_peak_is_under_the_footprint() -> None:
+    """The engine's ledger agrees: the run is feasible and its GPU peak is the step's, reserve +
+    2P + 2P = 1.50 + 14.93 + 14.93 = 31.36 GiB; the footprint's 33.26 GiB is 1.90 GiB above it by
+    the ZeRO-2 reduce bucket and offload buffer, which the footprint holds through the step and
+    the engine has freed by then."""
+    cfg = case_config(_offload_case())
+    result = simulate(cfg)
+    assert result.feasible
+    reserve = cfg.hardware.gpu.reserved_bytes
+    assert result.metrics.peak_bytes.gpu == pytest.approx(reserve + 2 * PARAMS + 4 * PARAMS / 2, abs=1)
+    needs = _gpu_needs(compose(cfg))
+    bucket = needs["ZeRO-2 reduce bucket and offload buffer"].nbytes
+    assert footprint(cfg).need_bytes["gpu"] == pytest.approx(result.metrics.peak_bytes.gpu + bucket, abs=1)
+
+
+def test_with_the_delayed_update_the_upload_meets_the_activations() -> None:
+    """The delayed parameter update runs the step beside the next iteration's forward and
+    backward (ZeRO-Offload, arXiv 2101.06840 Sec. 4.3): the same upload declared by a delayed
+    optimizer is held, so the GPU need is the sum, 18.33 + 9.75 + 0.48 + 14.93 = 43.49 GiB."""
+    cfg = case_config(_offload_case())
+    system = compose(cfg)
+    delayed = dataclasses.replace(system.mechanisms["optimizer"], delayed=True)
+    needs = _gpu_needs(dataclasses.replace(system, mechanisms={**system.mechanisms, "optimizer": delayed}))
+    assert needs["fp32 partition uploaded before its GPU cast"].moment is None
+    bd = sum_needs(list(needs.values()), cfg.hardware.gpu.memory_bytes)
+    assert round(sum(bd["gpu"].values()) / GiB, 2) == 43.49

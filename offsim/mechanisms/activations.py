@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.base import BlockBuilder, Moment, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE, activation
 from offsim.mechanisms.param_fetch import STAGING
 from offsim.schedule.ops import (
@@ -96,17 +96,24 @@ class Activations:
         bytes over such a window, which is at most ``depth + 2`` times the largest layer's and less
         where the layers differ, e.g. Fuyou's GPU rule), and the largest forward transient or
         backward working set; each offloaded layer's kept bytes in its tier (one micro-batch's at a
-        time)."""
+        time).
+
+        The GPU needs are held at :attr:`Moment.FORWARD_BACKWARD` only: the last backward frees
+        them before the step (this mechanism's backward ``Free`` of each layer's activations and
+        workspace; DeepSpeed's step after ``backward``, deepspeed_runtime.md §13), so the step's
+        transients are counted instead of them, not on top. The offloaded bytes on the host or
+        NVMe are still counted as held: this rule is the GPU's."""
         moved = [a for a in self.layers if a.offloaded]
+        fb = Moment.FORWARD_BACKWARD
         needs = [Need(Tier.GPU, "activations kept for backward", sum(a.kept_bytes for a in self.layers
-                                                                     if not a.offloaded))]
+                                                                     if not a.offloaded), fb)]
         if moved:
             kept = [a.kept_bytes for a in moved]
             window = min(self.depth + 2, len(kept))
             in_flight = max(sum(kept[i:i + window]) for i in range(len(kept) - window + 1))
-            needs.append(Need(Tier.GPU, "activations in flight", in_flight))
+            needs.append(Need(Tier.GPU, "activations in flight", in_flight, fb))
         work = max((max(a.work_bytes, a.transient_bytes) for a in self.layers), default=0)
-        needs.append(Need(Tier.GPU, "backward working memory (recompute, activation gradients)", work))
+        needs.append(Need(Tier.GPU, "backward working memory (recompute, activation gradients)", work, fb))
         for tier in (Tier.HOST_PINNED, Tier.HOST_PAGEABLE, Tier.NVME):
             needs.append(Need(tier, "offloaded activations", sum(a.kept_bytes for a in moved if a.tier is tier)))
         return tuple(needs)

@@ -130,9 +130,20 @@ def tag(activity: Activity, mechanism: MechanismId, phase: Phase, layer: int = -
 
 
 class Moment(StrEnum):
-    """When a transient need is held; transients of different moments never coexist."""
+    """When a transient need is held; transients of different moments never coexist.
+
+    ``FORWARD_BACKWARD`` is what forward and backward hold and the last backward frees: the
+    activations kept for backward, those in flight and backward's working memory. DeepSpeed's
+    step runs after it (engine.py ``DeepSpeedEngine.step`` acts at the boundary, after the last
+    micro-batch's ``backward`` has released them; deepspeed_runtime.md §13: fwd, bwd, then the
+    step, nothing overlapping), so the GPU's peak is the larger of backward's and the step's
+    transients, not their sum. A step that overlaps forward or backward (the delayed parameter
+    update, the layer-wise update inside backward, ZenFlow's selective step) declares its needs
+    held (moment None) instead.
+    """
 
     START_UP = "start-up"              # the set-up before the first iteration
+    FORWARD_BACKWARD = "forward and backward"  # activations and backward's working memory
     STEP_START = "step start"          # the checks before the sub-group loop (overflow check)
     FIRST_STEP = "first step"          # the first step's sub-groups (moments created)
     STEP = "step"                      # a GPU step's per-sub-group temporaries
@@ -197,7 +208,12 @@ _NEED_TIER = {Tier.GPU: "gpu", Tier.HOST_PINNED: "host_pinned", Tier.HOST_PAGEAB
 def sum_needs(needs: Sequence[Need], gpu_capacity_bytes: float) -> dict[str, dict[str, float]]:
     """Per footprint tier (:data:`NEED_TIERS`), bytes per item at the peak, per rank: every need
     held through the iteration, plus the transients of the moment that holds the most, plus the
-    elastic needs in whole units of what the GPU has left (``gpu_capacity_bytes``)."""
+    elastic needs in whole units of what the GPU has left (``gpu_capacity_bytes``).
+
+    The moment is chosen for the GPU on its own and for the host and storage tiers together (the
+    host's check adds pinned and pageable bytes, so one moment keeps them consistent): each tier
+    is checked against its own capacity, and the GPU's peak (backward or the step) need not be at
+    the moment the host's is (start-up, the first step)."""
     bd: dict[str, dict[str, float]] = {t: {} for t in NEED_TIERS}
 
     def add(n: Need, nbytes: float) -> None:
@@ -208,15 +224,21 @@ def sum_needs(needs: Sequence[Need], gpu_capacity_bytes: float) -> dict[str, dic
     for n in needs:
         if n.moment is None and n.unit_bytes <= 0:
             add(n, n.nbytes)
-    by_moment: dict[Moment, list[Need]] = {}
-    for n in needs:
-        if n.moment is not None:
-            by_moment.setdefault(n.moment, []).append(n)
-    if by_moment:
-        for n in max(by_moment.values(), key=lambda ns: sum(n.nbytes for n in ns)):
+    for on_gpu in (True, False):
+        for n in _largest_moment([n for n in needs if (n.tier is Tier.GPU) == on_gpu]):
             add(n, n.nbytes)
     for n in needs:
         if n.unit_bytes > 0:
             free = gpu_capacity_bytes - sum(bd["gpu"].values())
             add(n, max(0, min(n.nbytes // n.unit_bytes, free // n.unit_bytes)) * n.unit_bytes)
     return bd
+
+
+def _largest_moment(needs: Sequence[Need]) -> list[Need]:
+    """The transients (not elastic) of the moment among ``needs`` that holds the most bytes
+    (the first such moment on a tie); none without a moment."""
+    by_moment: dict[Moment, list[Need]] = {}
+    for n in needs:
+        if n.moment is not None and n.unit_bytes <= 0:
+            by_moment.setdefault(n.moment, []).append(n)
+    return max(by_moment.values(), key=lambda ns: sum(n.nbytes for n in ns)) if by_moment else []

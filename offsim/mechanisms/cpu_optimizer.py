@@ -220,7 +220,10 @@ class CpuOptimizer:
             needs.append(Need(self.dram_cache.tier, "DRAM cache of optimizer state", self.dram_cache.capacity_bytes))
         upload = max((io.home_gpu_bytes for io in self.groups), default=0)
         if upload:
-            needs.append(Need(Tier.GPU, "fp32 partition uploaded before its GPU cast", upload, Moment.STEP))
+            # with the delayed parameter update the step overlaps the next forward and backward:
+            # the upload meets their activations (held, not a moment of its own)
+            needs.append(Need(Tier.GPU, "fp32 partition uploaded before its GPU cast", upload,
+                              None if self.delayed else Moment.STEP))
         if self.split is not None and self.split.groups:
             unit = max(s.buffer_bytes for s in self.split.groups)
             needs.append(Need(Tier.GPU, "optimizer sub-groups streamed to the GPU", in_flight * unit, unit_bytes=unit))
