@@ -276,6 +276,15 @@ class Strategy(Frozen):
                     "(#8207, the current release): non_blocking into pinned memory. Sub-groups on NVMe use "
                     "the gradient swapper in every version (offsim.plan.deepspeed_versions)",
     )
+    z3_grad_flush: Literal["next_flush", "same_flush"] = Field(
+        default="same_flush",
+        description="DeepSpeed version switch (stage3.py; offsim.plan.deepspeed_versions.Z3GradFlush): "
+                    "ZeRO-3's IPG bucket buffers and when a reduced bucket is partitioned. next_flush, "
+                    "v0.3.12-v0.5.10: one 16-bit buffer (two with overlap_comm) per backward, a bucket "
+                    "partitioned at the next flush (partition_previous_reduced_grads); same_flush, v0.6.0+ "
+                    "(#1453, the current release): one buffer kept from start-up, reduced and partitioned "
+                    "in the same flush",
+    )
     z12_lp_upload: Literal["cpu_cast_pageable", "fp32_pinned_gpu_cast", "staged_lp"] = Field(
         default="staged_lp",
         description="DeepSpeed version switch (deepspeed_runtime.md 14.9-14.10): how ZeRO-1/2 CPU offload "

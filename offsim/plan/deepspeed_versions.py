@@ -32,6 +32,30 @@ class Z3Fp32GradCopy(StrEnum):
 DEFAULT_Z3_FP32_GRAD_COPY = Z3Fp32GradCopy.GPU_UPCAST_ASYNC
 
 
+class Z3GradFlush(StrEnum):
+    """When DeepSpeed ZeRO-3 partitions a reduced bucket's gradients and which IPG bucket buffers
+    it keeps on the GPU (stage3.py, read at the tags named; deepspeed_runtime.md §3). Both reduce a
+    bucket when the next gradient would overflow ``reduce_bucket_size``, and a gradient larger than
+    the bucket is reduced from its own tensor, not copied into the buffer."""
+
+    #: v0.3.12-v0.5.10 (stage3.py first in v0.3.12, PR #834): ``backward`` allocates ``ipg_buffer``
+    #: (``reduce_bucket_size`` elements of ``torch.half``; a second one with ``overlap_comm``) and
+    #: ``independent_gradient_partition_epilogue`` -> ``_release_ipg_buffers`` frees it;
+    #: ``reduce_ipg_grads`` synchronizes the reduction stream (with ``overlap_comm``), partitions the
+    #: previous bucket (``partition_previous_reduced_grads``) and only then reduces this one, so
+    #: a reduced bucket's full gradients live until the next flush
+    NEXT_FLUSH = "next_flush"
+    #: v0.6.0+ (PR #1453): one ``__ipg_bucket_flat_buffer`` (now ``IPGBucketZ3.buffer``, one per
+    #: communication dtype) of ``reduce_bucket_size`` elements in the model dtype, made at start-up
+    #: and kept; ``__reduce_and_partition_ipg_grads`` reduces and partitions a bucket in the same
+    #: call, with up to 3 buckets in flight (``max_param_reduce_events`` 2)
+    SAME_FLUSH = "same_flush"
+
+
+#: the current release's behaviour (v0.19.5, read at edaa722126: stage3.py _setup_for_real_optimizer, "IPG")
+DEFAULT_Z3_GRAD_FLUSH = Z3GradFlush.SAME_FLUSH
+
+
 class Z12LpUpload(StrEnum):
     """How ZeRO-1/2 CPU offload brings each updated fp32 partition to the GPU's 16-bit copy after
     CPU Adam, when the step and copy are not fused (stage_1_and_2.py ``step``; deepspeed_runtime.md
