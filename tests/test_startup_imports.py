@@ -4,6 +4,7 @@ times it, these tests check the mechanisms, never a timing)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -56,3 +57,18 @@ def test_the_main_example_imports_no_heavy_package() -> None:
     assert {m for m in loaded if m.startswith("offsim.commands.")} <= {"offsim.commands._common",
                                                                        "offsim.commands._options",
                                                                        "offsim.commands._plain_table"}
+
+
+def test_the_consoles_made_on_first_use_read_the_environment_as_if_made_at_import() -> None:
+    """``offsim.commands._common``'s rich consoles, now made on first use, have the width of
+    consoles made when the module was imported (as they were before): COLUMNS as it was then
+    (50), or, where it was not set, as it is at each print (33)."""
+    code = ("import os\nfrom rich.console import Console\nfrom offsim.commands import _common\n"
+            "at_import = Console(), Console(stderr=True)\nos.environ['COLUMNS'] = '33'\n"
+            "print(_common.console.width, at_import[0].width, _common.err_console.width, at_import[1].width)")
+    for columns, width in ((None, 33), ("50", 50)):
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        env |= {} if columns is None else {"COLUMNS": columns}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              timeout=120, env=env)
+        assert done.stdout.split() == [str(width)] * 4

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -51,13 +51,38 @@ if TYPE_CHECKING:  # made on first use by __getattr__ (rich imported then)
     err_console: Console
 
 
+class _EnvironSince(Mapping[str, str]):
+    """``os.environ`` as a rich ``Console`` reads it: as it was when this module was imported while
+    the console is made (its ``__init__`` reads ``COLUMNS``, ``LINES``, ``NO_COLOR``, the terminal
+    variables), live after (``Console.size`` and ``is_terminal`` read it at each print): the
+    consoles, made on first use, read what they read when they were made at import."""
+
+    def __init__(self) -> None:
+        self.frozen: dict[str, str] | None = dict(os.environ)
+
+    def __getitem__(self, key: str) -> str:
+        return (os.environ if self.frozen is None else self.frozen)[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(os.environ if self.frozen is None else self.frozen)
+
+    def __len__(self) -> int:
+        return len(os.environ if self.frozen is None else self.frozen)
+
+
+_ENVIRON = _EnvironSince()
+
+
 @functools.cache
 def consoles() -> tuple[Console, Console]:
-    """The rich consoles of stdout and stderr, made on first use: ``offsim run`` writes its table
-    without rich where rich would write the same (:mod:`offsim.commands._plain_table`; issue 16)."""
+    """The rich consoles of stdout and stderr, made on first use as they were made when this
+    module was imported (:class:`_EnvironSince`): ``offsim run`` writes its table without rich
+    where rich would write the same (:mod:`offsim.commands._plain_table`; issue 16)."""
     from rich.console import Console
 
-    return Console(), Console(stderr=True)
+    made = Console(_environ=_ENVIRON), Console(stderr=True, _environ=_ENVIRON)
+    _ENVIRON.frozen = None
+    return made
 
 
 def __getattr__(name: str) -> Console:
@@ -218,6 +243,7 @@ def print_metrics_table(result: Any) -> None:
     plain = two_column_table(title, rows, console_width(os.environ)) if writes_plain(sys.stdout, os.environ) else None
     if plain is not None:
         sys.stdout.write(plain)
+        sys.stdout.flush()  # as rich's Console.print does: stderr written after comes after it
         return
     consoles()[0].print(metrics_table(title, rows))
 
