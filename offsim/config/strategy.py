@@ -285,6 +285,14 @@ class Strategy(Frozen):
                     "(#1453, the current release): one buffer kept from start-up, reduced and partitioned "
                     "in the same flush",
     )
+    reduce_scatter: bool = Field(
+        default=True,
+        description="DeepSpeed zero_optimization.reduce_scatter (default true). False at ZeRO-3 with "
+                    "contiguous_gradients: a bucket that fits reduce_bucket_size is all-reduced in place in "
+                    "the IPG buffer (stage3.py __avg_scatter_contiguous_grads: twice a reduce-scatter's "
+                    "traffic, no bucket-sized concatenation); true: reduce_scatter_coalesced "
+                    "(comm/coalesced_collectives.py), which concatenates a bucket of several tensors",
+    )
     z12_lp_upload: Literal["cpu_cast_pageable", "fp32_pinned_gpu_cast", "staged_lp"] = Field(
         default="staged_lp",
         description="DeepSpeed version switch (deepspeed_runtime.md 14.9-14.10): how ZeRO-1/2 CPU offload "
