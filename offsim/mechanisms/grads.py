@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, StorageIO, io_pools, parallel, tag
 from offsim.mechanisms.compute import COMPUTE, grad16
+from offsim.plan.deepspeed_versions import DEFAULT_Z3_GRAD_FLUSH, Z3GradFlush
 from offsim.schedule.ops import (
     CUR_MB,
     Acquire,
@@ -49,6 +50,22 @@ def _kept(bucket: int) -> TensorRef:
     """The part of reduce bucket ``bucket``'s boundary gradient kept on the GPU
     (:attr:`LayerGrads.boundary_kept_gpu_bytes`)."""
     return TensorRef(TensorKind.BUFFER, group=bucket)
+
+
+def _head(bucket: int) -> TensorRef:
+    """Reduce bucket ``bucket``'s first gradient, held from the previous bucket's flush
+    (:attr:`GradBucket.head_bytes`)."""
+    return TensorRef(TensorKind.BUFFER, unit=-4, group=bucket, mb=CUR_MB)
+
+
+#: DeepSpeed ZeRO-3's IPG bucket buffer(s) (:attr:`Grads.ipg_bytes`)
+IPG_BUFFER = TensorRef(TensorKind.BUFFER, unit=-5, group=-5, mb=CUR_MB)
+
+
+def _last_of(b: BlockBuilder, stream: str) -> list[int]:
+    """The last op emitted on ``stream`` so far, as a dependency list (empty: none)."""
+    last = b.last_on(stream)
+    return [] if last is None else [last]
 
 
 def grad_home(layer: int) -> TensorRef:
@@ -141,12 +158,19 @@ class GradBucket:
     copied as one, issued after the backward of ``flush_layer`` (the layer of its last gradient,
     :func:`offsim.plan.model.reduce_buckets`). ``flows``: its reduce-scatter and
     ``partition_grads`` copies, sized by its elements (:class:`LayerGrads`, DeepSpeed's fields);
-    ``continues``: layers with gradients in an earlier bucket of the same backward."""
+    ``continues``: layers with gradients in an earlier bucket of the same backward.
+
+    ``head_bytes``: GPU bytes of its first gradient (at most ``flows.buffer_bytes``), which exists
+    before the previous bucket's flush: its hook is what flushes that bucket (stage3.py
+    ``reduce_independent_p_g_buckets_and_remove_grads`` runs in the hook of the gradient that
+    would overflow the bucket, after autograd made it), so the previous flush allocates it and
+    this bucket's flush the rest of ``buffer_bytes``; 0: the first bucket, or none held."""
 
     pieces: tuple[tuple[int, int], ...]
     flush_layer: int
     flows: LayerGrads
     continues: tuple[int, ...] = ()
+    head_bytes: int = 0
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -166,7 +190,15 @@ class Grads:
     per-layer offload of ``layers``; ``grad_slots``: reductions in flight before the compute
     stream (the host that issues it) waits (2; DeepSpeed ZeRO-3: 3, stage3.py
     ``__reduce_and_partition_ipg_grads`` synchronizes the oldest event while more than
-    ``max_param_reduce_events`` = 2 are unfinished)."""
+    ``max_param_reduce_events`` = 2 are unfinished).
+
+    DeepSpeed ZeRO-3 only: ``ipg_bytes``, its IPG bucket buffer(s) (0: none), held while backward
+    runs (from a micro-batch's first backward layer to the epilogue); ``flush``, the release's
+    :class:`~offsim.plan.deepspeed_versions.Z3GradFlush` (``NEXT_FLUSH``: a bucket's buffer is
+    freed at the next flush, after the host waited for that bucket's reduction);
+    ``buckets_alive``: the buckets whose ``buffer_bytes`` can be held at once (the footprint's
+    count, as the schedule holds them: the reductions in flight, 1 when every flush is waited
+    for, 2 with ``NEXT_FLUSH``)."""
 
     layers: tuple[LayerGrads, ...]
     overlap: bool
@@ -176,6 +208,9 @@ class Grads:
     drain_at_end: bool = False
     buckets: tuple[GradBucket, ...] = ()
     grad_slots: int = 2
+    ipg_bytes: int = 0
+    flush: Z3GradFlush = DEFAULT_Z3_GRAD_FLUSH
+    buckets_alive: int = 3
     id: MechanismId = MechanismId.GRADS
 
     def setup(self) -> Setup:
@@ -194,14 +229,18 @@ class Grads:
         return Setup(streams=streams, pools=(*pools, *io_pools(self.io_concurrency)))
 
     def footprint(self) -> tuple[Need, ...]:
-        """The two GPU gradient buffers of the offload (:data:`GRAD_SLOTS`), DeepSpeed's boundary norm
-        workspace (:attr:`LayerGrads.boundary_gpu_bytes`), the layer-wise host
-        gradient buffers (:data:`HOST_GRAD_SLOTS`), and the pinned buffer of the one layer-wise
-        update the in-order ``cpu_update`` stream swaps at a time."""
+        """The two GPU gradient buffers of the offload (:data:`GRAD_SLOTS`; DeepSpeed ZeRO-3:
+        :meth:`_buckets_held` and the IPG buffer(s)), DeepSpeed's boundary norm workspace
+        (:attr:`LayerGrads.boundary_gpu_bytes`), the layer-wise host gradient buffers
+        (:data:`HOST_GRAD_SLOTS`), and the pinned buffer of the one layer-wise update the in-order
+        ``cpu_update`` stream swaps at a time."""
         off = [g for g in self.layers if g.offloaded]
         held = [b.flows for b in self.buckets] if self.buckets else off
-        needs = [Need(Tier.GPU, "gradient buffers before offload",
-                      self.grad_slots * max((g.buffer_bytes for g in held), default=0))]
+        held_bytes = self._buckets_held() if self.buckets else self.grad_slots * max(
+            (g.buffer_bytes for g in off), default=0)
+        needs = [Need(Tier.GPU, "gradient buffers before offload", held_bytes)]
+        if self.ipg_bytes > 0:
+            needs.append(Need(Tier.GPU, "IPG bucket buffer(s)", self.ipg_bytes))
         norms = max((g.boundary_gpu_bytes for g in held), default=0)
         if norms > 0:  # one boundary at a time: the reduction stream runs them in issue order
             needs.append(Need(Tier.GPU, "boundary gradient norms (fp64 chunk, GPU slices)", norms))
@@ -215,6 +254,14 @@ class Grads:
         swapped = [g.update.state_bytes for g in off if g.update is not None and g.update.swap_in is not None]
         needs.append(Need(Tier.HOST_PINNED, "optimizer swap buffers", max(swapped, default=0)))
         return tuple(needs)
+
+    def _buckets_held(self) -> int:
+        """The most bucket bytes the schedule holds at once: ``buckets_alive`` consecutive buckets
+        (each from its flush, its head from the flush before) and the head of the bucket after
+        them, which that window's last flush allocates."""
+        n, held = self.buckets_alive, [b.flows.buffer_bytes for b in self.buckets]
+        heads = [b.head_bytes for b in self.buckets] + [0]
+        return max((sum(held[i:i + n]) + heads[min(i + n, len(held))] for i in range(len(held))), default=0)
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         if site.what is not SiteKind.BACKWARD or stage is not Stage.AFTER:
@@ -240,18 +287,61 @@ class Grads:
               stall=Wait("the reduction stream at the end of backward"))
 
     def _emit_buckets(self, b: BlockBuilder, site: Site) -> None:
-        """The buckets flushed after this layer's backward, in order, then (after layer 0, the
-        last of backward) the epilogue's drain."""
+        """The IPG buffer(s) at the first layer of backward, the buckets flushed after this layer's
+        backward, in order, then (after layer 0, the last of backward) the epilogue: the drain,
+        the last bucket's buffer with ``NEXT_FLUSH`` (stage3.py v0.3.15
+        ``independent_gradient_partition_epilogue``: ``partition_previous_reduced_grads``), the
+        IPG buffer(s) (``_release_ipg_buffers``)."""
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer)
+        if self.ipg_bytes > 0 and site.position == 0:  # after this layer's backward kernels
+            b.add(Alloc(Tier.GPU, self.ipg_bytes, IPG_BUFFER), t, after=_last_of(b, COMPUTE))
         for k, bucket in enumerate(self.buckets):
             if bucket.flush_layer == site.layer:
                 self._bucket(b, site, k, bucket)
-        if self.drain_at_end and site.layer == 0:
-            drain = self._drain(b, site)
-            if site.last_mb:  # the gradients kept on the GPU go when backward ends
-                for k, bucket in enumerate(self.buckets):
-                    if bucket.flows.boundary_kept_gpu_bytes > 0:
-                        b.add(Free(Tier.GPU, _kept(k)), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, 0),
-                              after=[drain])
+        if site.layer != 0:
+            return
+        ends = [self._drain(b, site)] if self.drain_at_end else []
+        if self.flush is Z3GradFlush.NEXT_FLUSH:
+            ends += self._free_previous(b, site, len(self.buckets), ends)
+        if self.ipg_bytes > 0:  # after the last use of the buffer on the reduction stream
+            b.add(Free(Tier.GPU, IPG_BUFFER), t, after=[*ends, *_last_of(b, REDUCTION_STREAM)])
+        if self.drain_at_end and site.last_mb:  # the gradients kept on the GPU go when backward ends
+            for k, bucket in enumerate(self.buckets):
+                if bucket.flows.boundary_kept_gpu_bytes > 0:
+                    b.add(Free(Tier.GPU, _kept(k)), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, 0),
+                          after=ends[:1])
+
+    def _hold(self, b: BlockBuilder, site: Site, k: int, bucket: GradBucket, slot: int) -> int:
+        """At bucket ``k``'s flush: its gradients not yet held (``buffer_bytes`` less the head the
+        previous flush took) and the next bucket's head; returns the first allocation (which reads
+        the bucket's gradients: the reduction follows it)."""
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer)
+        rest = bucket.flows.buffer_bytes - bucket.head_bytes
+        held = b.add(Alloc(Tier.GPU, rest, self._held(k)[0]), t, after=[slot],
+                     reads=tuple(grad16(v) for v in bucket.layers))
+        if k + 1 < len(self.buckets) and self.buckets[k + 1].head_bytes > 0:
+            b.add(Alloc(Tier.GPU, self.buckets[k + 1].head_bytes, _head(k + 1)), t, after=[slot])
+        return held
+
+    def _held(self, k: int) -> tuple[TensorRef, ...]:
+        """What bucket ``k`` holds: its buffer and, if any, its head."""
+        buf = TensorRef(TensorKind.BUFFER, unit=self.buckets[k].flush_layer, group=k, mb=CUR_MB)
+        return (buf, _head(k)) if self.buckets[k].head_bytes > 0 else (buf,)
+
+    def _free_previous(self, b: BlockBuilder, site: Site, k: int, after: list[int]) -> list[int]:
+        """``NEXT_FLUSH``: at bucket ``k``'s flush (``k`` = the number of buckets: the epilogue) the
+        host waits for the previous bucket's reduction (v0.3.15 ``reduce_ipg_grads``:
+        ``reduction_stream.synchronize()``), then ``partition_previous_reduced_grads`` frees its
+        gradients once its copies are done; returns the frees."""
+        if k == 0 or (self.id, "z3_end", k - 1) not in b.marks:
+            return []
+        reduced, end = b.marks[(self.id, "z3_reduced", k - 1)], b.marks[(self.id, "z3_end", k - 1)]
+        t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer)
+        if k < len(self.buckets):
+            b.add(Join(), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer,
+                              label="waits for the previous bucket's reduction"), COMPUTE, after=[reduced],
+                  stall=Wait("the previous bucket's reduction"))
+        return [b.add(Free(Tier.GPU, ref), t, after=[end, *after]) for ref in self._held(k - 1)]
 
     def _bucket(self, b: BlockBuilder, site: Site, k: int, bucket: GradBucket) -> None:
         """One bucket on DeepSpeed ZeRO-3's reduction stream (stage3.py
@@ -259,21 +349,28 @@ class Grads:
         unfinished (a :data:`GRAD_SLOTS` slot on the compute stream), then, in issue order on
         ``reduce_and_partition_stream``, the reduce-scatter and ``partition_grads``' copies (the
         round trip every micro-batch; on the boundary the fp32 copy), after which the bucket's
-        event is recorded (the slot released); the gradient swapper's NVMe writes follow."""
+        event is recorded (the slot released) and, but with ``NEXT_FLUSH``, its gradients freed;
+        the gradient swapper's NVMe writes follow."""
         g, u = bucket.flows, site.layer
         t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u)
         slot = b.add(Acquire(GRAD_SLOTS, 1), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, u,
                                                  label="waits for the reduce throttle (3 buckets in flight)"),
                      COMPUTE, stall=Wait("the reduce throttle (3 buckets in flight)"))
-        buf = TensorRef(TensorKind.BUFFER, unit=u, group=k, mb=CUR_MB)
-        last = b.add(Alloc(Tier.GPU, g.buffer_bytes, buf), t, after=[slot],
-                     reads=tuple(grad16(v) for v in bucket.layers))
+        next_flush = self.flush is Z3GradFlush.NEXT_FLUSH
+        if next_flush:
+            self._free_previous(b, site, k, [slot])
+        last = reduced = self._hold(b, site, k, bucket, slot)
         for flow, activity in ((g.reduce, Activity.GRAD_REDUCE), (g.d2h, Activity.GRAD_OFFLOAD),
                                (g.roundtrip_h2d, Activity.GRAD_OFFLOAD)):
             if flow is not None:
                 last = b.add(flow, tag(activity, self.id, Phase.BACKWARD, u), REDUCTION_STREAM, after=[last])
+                reduced = last if activity is Activity.GRAD_REDUCE else reduced
         last = self._bucket_boundary(b, site, g, last, k)
-        b.add(Free(Tier.GPU, buf), t, after=[last])
+        if next_flush:  # freed at the next flush (_free_previous)
+            b.marks[(self.id, "z3_reduced", k)], b.marks[(self.id, "z3_end", k)] = reduced, last
+        else:
+            for ref in self._held(k):
+                b.add(Free(Tier.GPU, ref), t, after=[last])
         b.add(Release(GRAD_SLOTS, 1), t, after=[last])
         end = self._bucket_swap(b, site, g, last)
         b.add(Join(), t, after=[end], reads=tuple(grad_home(v) for v in bucket.continues),

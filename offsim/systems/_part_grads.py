@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from offsim.config.workload import DTYPE_BYTES
 from offsim.mechanisms.grads import GradBucket, Grads, LayerGrads, LayerUpdate
 from offsim.plan import footprint as fp
 from offsim.plan import host_pages
-from offsim.plan.deepspeed_versions import Z3Fp32GradCopy
+from offsim.plan.deepspeed_versions import Z3Fp32GradCopy, Z3GradFlush
 from offsim.plan.model import Layer, ReduceBucket, reduce_buckets
 from offsim.systems._ctx import Ctx, whole
 from offsim.systems._part_optimizer import gpu_adam_bpp, optimizer_dram_bpp, storage
@@ -199,8 +200,9 @@ def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGr
     """A reduce bucket's flows on DeepSpeed's ZeRO-3 path: the reduce-scatter of its 16-bit
     gradients (``reduce_scatter_coalesced``), the copy of this rank's partition down and
     :func:`_deepspeed_grads`' round trip and boundary copy, each of the bucket's elements on this
-    rank (a layer's share of them as ``host_share`` says); its GPU bytes: the bucket's gradients
-    (stage3.py ``__reduce_and_partition_ipg_grads``; deepspeed_runtime.md §3)."""
+    rank (a layer's share of them as ``host_share`` says); its GPU bytes: the bucket's gradients,
+    which :func:`grad_buckets` reduces to :func:`_bucket_held_bytes` (stage3.py
+    ``__reduce_and_partition_ipg_grads``; deepspeed_runtime.md §3)."""
     st, sz = c.st, c.sz
     full = bucket.elements * c.bpp_grad
     local = sum(n / sz.grad_part * c.host_share[u] for u, n in bucket.pieces)
@@ -208,9 +210,70 @@ def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGr
     nvme = st.placement.grads == "nvme"
     ds = _deepspeed_grads(c, local, hg, swap_pool_units, _fresh_temp_bytes(c, bucket.pieces),
                           _largest_partition(c, bucket.pieces)) if local > 0 else {}
-    return LayerGrads(c.collective(full, 1.0 if st.zero_stage >= 2 else 2.0), True, buffer_bytes=whole(full),
+    factor = 2.0 if st.zero_stage < 2 or _in_place_all_reduce(c, bucket.elements) else 1.0
+    return LayerGrads(c.collective(full, factor), True, buffer_bytes=whole(full),
                       d2h=c.paths.dma(False, whole(local * c.bpp_grad), st.pin_memory) if local > 0 else None,
                       nvme_write=c.paths.nvme(False, whole(local * hg)) if nvme and local > 0 else None, **ds)
+
+
+def _bucket_held_bytes(c: Ctx, elements: int, waited: bool) -> int:
+    """GPU bytes a reduce bucket of ``elements`` gradient elements holds besides the IPG buffer(s)
+    from its flush until its reduction and copies are done (freed then, or with ``next_flush`` at
+    the next flush); ``waited``: the host waits for every flush (:func:`_flushes_waited`).
+
+    ``same_flush`` (v0.6.0+, stage3.py ``__reduce_and_partition_ipg_grads``): a gradient larger
+    than the bucket is reduced from its own tensor (the whole bucket); with ``reduce_scatter``,
+    ``reduce_scatter_coalesced`` (comm/coalesced_collectives.py) concatenates a bucket of several
+    tensors into a bucket-sized temporary (the whole bucket); without it the bucket is all-reduced
+    in place in the IPG buffer (``__avg_scatter_contiguous_grads``), and what is left are the
+    gradients copied into the buffer on the reduction stream, each freed with ``record_stream``
+    (``__add_grad_to_ipg_bucket``), so held until that stream has run the copy: up to the whole
+    bucket behind earlier reductions, none when the host waits for every flush (the stream is idle
+    when they arrive). ``next_flush`` (v0.3.15 ``reduce_independent_p_g_buckets_and_remove_grads``):
+    a gradient that fits is copied into ``ipg_buffer`` on the compute stream and freed at once, so
+    only one larger than the bucket (``extra_large_param_to_reduce``) is held, until
+    ``partition_previous_reduced_grads`` at the next flush."""
+    st = c.st
+    whole_bucket = whole(elements * c.bpp_grad)
+    if elements > st.reduce_bucket_params:
+        return whole_bucket
+    if Z3GradFlush(st.z3_grad_flush) is Z3GradFlush.NEXT_FLUSH or (not st.reduce_scatter and waited):
+        return 0
+    return whole_bucket
+
+
+def _in_place_all_reduce(c: Ctx, elements: int) -> bool:
+    """Whether a bucket is all-reduced in place in the IPG buffer (``reduce_scatter`` false and the
+    bucket within ``reduce_bucket_size``: stage3.py ``__reduce_and_partition_ipg_grads`` ->
+    ``__avg_scatter_contiguous_grads``, v0.6.0+), twice a reduce-scatter's traffic."""
+    return (not c.st.reduce_scatter and elements <= c.st.reduce_bucket_params
+            and Z3GradFlush(c.st.z3_grad_flush) is Z3GradFlush.SAME_FLUSH)
+
+
+def ipg_buffer_bytes(c: Ctx) -> int:
+    """GPU bytes of DeepSpeed ZeRO-3's IPG bucket buffer(s), ``reduce_bucket_size`` elements each
+    (``contiguous_gradients``, DeepSpeed's default, is assumed): ``same_flush`` (v0.6.0+, stage3.py
+    ``_setup_for_real_optimizer`` at edaa722126, ``__init__`` in v0.6.0): one in the model dtype
+    (the communication dtype's, which defaults to it); ``next_flush`` (v0.3.12-v0.5.10, stage3.py
+    ``backward``): ``torch.half``, two with ``overlap_comm``."""
+    st = c.st
+    if Z3GradFlush(st.z3_grad_flush) is Z3GradFlush.NEXT_FLUSH:
+        return whole(st.reduce_bucket_params * DTYPE_BYTES["fp16"] * (2 if st.overlap_grad_offload else 1))
+    return whole(st.reduce_bucket_params * c.bpp_grad)
+
+
+def _first_tensors(order: list[tuple[int, tuple[int, ...]]], buckets: Iterable[ReduceBucket]) -> list[int]:
+    """Elements of each bucket's first gradient: the tensor, in backward ``order``, at which its
+    elements begin (:func:`offsim.plan.model.reduce_buckets` fills buckets in that order)."""
+    sizes = [n for _, tensors in order for n in tensors]
+    out, i, start, at = [], 0, 0, 0
+    for bucket in buckets:
+        while at < start:  # the tensor at which this bucket begins
+            at += sizes[i]
+            i += 1
+        out.append(sizes[i] if i < len(sizes) else 0)
+        start += bucket.elements
+    return out
 
 
 def _backward_tensors(tensors: list[int], block: bool) -> tuple[int, ...]:
@@ -231,11 +294,15 @@ def grad_buckets(c: Ctx, swap_pool_units: int) -> tuple[GradBucket, ...]:
     order = [(lay.index, _backward_tensors(fp.layer_tensors(model, lay), lay.is_block)) for lay in reversed(c.layers)
              if lay.params > 0]
     seen: set[int] = set()
-    out = []
-    for bucket in reduce_buckets(order, c.st.reduce_bucket_params):
+    out: list[GradBucket] = []
+    buckets = reduce_buckets(order, c.st.reduce_bucket_params)
+    all_flows = [_bucket_flows(c, bucket, swap_pool_units) for bucket in buckets]
+    waited = _flushes_waited(c, all_flows)
+    for bucket, first, flows in zip(buckets, _first_tensors(order, buckets), all_flows, strict=True):
         layers = {u for u, _ in bucket.pieces}
-        out.append(GradBucket(bucket.pieces, bucket.flush_layer, _bucket_flows(c, bucket, swap_pool_units),
-                              tuple(sorted(layers & seen))))
+        flows = replace(flows, buffer_bytes=_bucket_held_bytes(c, bucket.elements, waited))
+        head = min(whole(first * c.bpp_grad), flows.buffer_bytes) if out else 0
+        out.append(GradBucket(bucket.pieces, bucket.flush_layer, flows, tuple(sorted(layers & seen)), head))
         seen |= layers
     return tuple(out)
 
@@ -249,6 +316,24 @@ def grad_buckets(c: Ctx, swap_pool_units: int) -> tuple[GradBucket, ...]:
 Z3_REDUCTIONS_IN_FLIGHT = 3
 
 
+def _flushes_waited(c: Ctx, flows: Iterable[LayerGrads]) -> bool:
+    """Whether the host (which issues the compute) waits for every bucket's flush: without
+    ``overlap_comm`` (``reduce_and_partition_stream`` is the default stream, stage3.py ``__init__``)
+    or with one micro-batch per step and a blocking boundary copy (every micro-batch is the
+    boundary; :attr:`LayerGrads.boundary_blocking`)."""
+    every_mb_blocks = c.cfg.workload.training.grad_accumulation == 1 and all(g.boundary_blocking for g in flows)
+    return not c.st.overlap_grad_offload or every_mb_blocks
+
+
+def _buckets_alive(c: Ctx, buckets: tuple[GradBucket, ...]) -> int:
+    """Reduce buckets whose gradients the schedule can hold at once (:attr:`Grads.buckets_alive`):
+    ``next_flush``, 2 (the bucket reduced at this flush and the one partitioned at it); else
+    :data:`Z3_REDUCTIONS_IN_FLIGHT`, or 1 when the host waits for every flush."""
+    if Z3GradFlush(c.st.z3_grad_flush) is Z3GradFlush.NEXT_FLUSH:
+        return 2
+    return 1 if _flushes_waited(c, (b.flows for b in buckets)) else Z3_REDUCTIONS_IN_FLIGHT
+
+
 def grads(c: Ctx) -> Grads:
     slots = fp.layerwise_grad_buffers(c.cfg)
     swapped = _on_deepspeed_grads(c) and c.st.placement.grads == "nvme" and not c.st.delayed_grad_conversion
@@ -259,5 +344,7 @@ def grads(c: Ctx) -> Grads:
     drain = _on_deepspeed_grads(c) and c.st.placement.grads != "nvme"
     if not _on_deepspeed_grads(c):
         return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain)
-    return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain,
-                 grad_buckets(c, pool), Z3_REDUCTIONS_IN_FLIGHT)
+    buckets = grad_buckets(c, pool)
+    return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain, buckets,
+                 Z3_REDUCTIONS_IN_FLIGHT, ipg_buffer_bytes(c), Z3GradFlush(c.st.z3_grad_flush),
+                 _buckets_alive(c, buckets))
