@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, CacheId, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.base import BlockBuilder, Moment, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE
 from offsim.schedule.ops import (
     Access,
@@ -89,15 +89,25 @@ class ParamFetch:
         window_bytes: the most gathered bytes on the GPU at once: the budget when there is one,
             else the eviction and prefetch policies' estimate
             (:func:`offsim.plan.policy_plan.param_window_bytes`).
+        released_before_step: the system releases every gathered parameter between the last
+            backward and the step, so the window is held only through forward and backward
+            (:data:`Moment.FORWARD_BACKWARD`); False: counted as held through the step. DeepSpeed
+            ZeRO-3 does: stage3.py ``step`` begins with ``_partition_all_parameters`` (v0.6.0 to
+            edaa72212), and v0.3.16-v0.5.10's ``backward`` ends with it. The timeline releases
+            the window there in every system (:meth:`emit` flushes the cache at the iteration's
+            end, before the step); False keeps the footprint's count through the step where a
+            system's source has not been read on this point.
     """
 
     layers: tuple[LayerFetch, ...]
     budget_bytes: int | None
     window_bytes: int = 0
+    released_before_step: bool = False
     id: MechanismId = MechanismId.PARAM_FETCH
 
     def footprint(self) -> tuple[Need, ...]:
-        return (Need(Tier.GPU, "gathered params window", self.window_bytes),)
+        moment = Moment.FORWARD_BACKWARD if self.released_before_step else None
+        return (Need(Tier.GPU, "gathered params window", self.window_bytes, moment),)
 
     def setup(self) -> Setup:
         queues = (("param_nvme", StreamKind.AIO), ("param_h2d", StreamKind.COPY), ("param_gather", StreamKind.COPY))

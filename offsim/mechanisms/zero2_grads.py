@@ -20,6 +20,13 @@ compute stream waits for the reduction stream at the next bucket (v0.3.x ``avera
 bucket's copies overlap the next bucket's backward; after the last bucket
 ``independent_gradient_partition_epilogue`` synchronizes, so backward ends with the last copies.
 offsim's bucket is a layer.
+
+GPU memory: the IPG bucket buffer(s) live only through backward (``setup_buckets``, v0.3.x
+``backward``, makes them at backward's first gradient; ``independent_gradient_partition_epilogue``
+-> ``_release_ipg_buffers`` drops them, every release from v0.3.16 to edaa72212), so the step,
+which runs after the epilogue (engine.py ``step`` at the boundary), does not meet them;
+``temp_grad_buffer_for_gpu_offload`` (the largest parameter, model dtype) is made once in
+``DeepSpeedZeroOptimizer.__init__`` and held for the run (deepspeed_runtime.md §4).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
-from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, tag
+from offsim.mechanisms.base import BlockBuilder, Moment, Need, Setup, Site, SiteKind, Stage, tag
 from offsim.mechanisms.compute import COMPUTE, grad16
 from offsim.mechanisms.grads import grad_home
 from offsim.plan.deepspeed_versions import Z12AccumMode
@@ -51,10 +58,17 @@ from offsim.schedule.ops import (
 Z12_STREAM = "z12_grads"
 #: one bucket's copies in flight before the compute stream waits (``overlap_comm`` true)
 Z12_INFLIGHT = "z12_inflight"
-#: the IPG bucket buffer(s) and the offload temporary: allocated when backward starts and freed at
-#: its end (stage2.py ``backward`` makes ``ipg_buffer``; ``independent_gradient_partition_epilogue``
-#: -> ``_release_ipg_buffers``)
+#: the IPG bucket buffer(s) (and the offload temporary, when not apart): allocated when backward
+#: starts and freed at its end (stage2.py ``backward`` / stage_1_and_2.py ``setup_buckets`` make
+#: ``ipg_buffer``; ``independent_gradient_partition_epilogue`` -> ``_release_ipg_buffers``)
 IPG_BUFFERS = TensorRef(TensorKind.BUFFER, unit=-1, group=-2, mb=CUR_MB)
+#: ``temp_grad_buffer_for_gpu_offload`` apart: allocated at start-up and never freed
+#: (stage_1_and_2.py ``DeepSpeedZeroOptimizer.__init__``)
+OFFLOAD_BUFFER = TensorRef(TensorKind.BUFFER, unit=-1, group=-3)
+#: the footprint's items
+IPG_WHAT = "ZeRO-2 IPG bucket buffer(s)"
+OFFLOAD_WHAT = "ZeRO-2 offload gradient buffer (temp_grad_buffer_for_gpu_offload)"
+BOTH_WHAT = "ZeRO-2 reduce bucket and offload buffer"
 
 
 def lp_d2h_on(mode: Z12AccumMode, first_mb: bool, last_mb: bool) -> bool:
@@ -91,9 +105,15 @@ class Z12LayerGrads:
 class Zero2Grads:
     """DeepSpeed ZeRO-1/2 offload gradients per layer (module docstring); ``overlap``:
     ``overlap_comm``; ``accumulate``: more than one micro-batch per step; ``gpu_buffer_bytes``:
-    the IPG bucket(s) and ``temp_grad_buffer_for_gpu_offload``; ``accumulator_bytes``: the 16-bit
-    CPU accumulators (whole owned parameters, created at the first micro-batch) in
-    ``accumulator_tier``."""
+    the IPG bucket(s), allocated per backward, with ``temp_grad_buffer_for_gpu_offload`` when
+    ``offload_buffer_bytes`` is None; ``accumulator_bytes``: the 16-bit CPU accumulators (whole
+    owned parameters, created at the first micro-batch) in ``accumulator_tier``.
+
+    ``offload_buffer_bytes`` (None: not apart, the whole of ``gpu_buffer_bytes`` is held through
+    the step): ``temp_grad_buffer_for_gpu_offload`` apart, allocated at the start-up site
+    (:data:`SiteKind.INIT`, stage RUN: the system's order must list the mechanism there) and held;
+    the IPG bucket(s) are then held only through forward and backward
+    (:data:`Moment.FORWARD_BACKWARD`), as the timeline frees them at the epilogue."""
 
     layers: tuple[Z12LayerGrads | None, ...]
     overlap: bool
@@ -101,6 +121,7 @@ class Zero2Grads:
     gpu_buffer_bytes: int
     accumulator_bytes: int
     accumulator_tier: Tier = Tier.HOST_PINNED
+    offload_buffer_bytes: int | None = None
     id: MechanismId = MechanismId.GRADS
 
     def setup(self) -> Setup:
@@ -108,11 +129,22 @@ class Zero2Grads:
                      pools=(PoolSpec(Z12_INFLIGHT, 1),))
 
     def footprint(self) -> tuple[Need, ...]:
-        """The GPU buffers and, when accumulating, the pinned 16-bit accumulators."""
-        return (Need(Tier.GPU, "ZeRO-2 reduce bucket and offload buffer", self.gpu_buffer_bytes),
-                Need(self.accumulator_tier, "16-bit CPU gradient accumulator", self.accumulator_bytes))
+        """The GPU buffers and, when accumulating, the pinned 16-bit accumulators: apart, the IPG
+        bucket(s) through forward and backward (stage_1_and_2.py ``_release_ipg_buffers`` at the
+        epilogue) and the offload buffer held; else both held (the step is counted as meeting
+        them)."""
+        acc = Need(self.accumulator_tier, "16-bit CPU gradient accumulator", self.accumulator_bytes)
+        if self.offload_buffer_bytes is None:
+            return (Need(Tier.GPU, BOTH_WHAT, self.gpu_buffer_bytes), acc)
+        return (Need(Tier.GPU, IPG_WHAT, self.gpu_buffer_bytes, Moment.FORWARD_BACKWARD),
+                Need(Tier.GPU, OFFLOAD_WHAT, self.offload_buffer_bytes), acc)
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
+        if site.what is SiteKind.INIT and stage is Stage.RUN and self.offload_buffer_bytes:
+            # DeepSpeedZeroOptimizer.__init__ (cpu_offload): torch.zeros(largest_param_numel) on the GPU
+            b.add(Alloc(Tier.GPU, self.offload_buffer_bytes, OFFLOAD_BUFFER),
+                  tag(Activity.HOST_SETUP, self.id, Phase.INIT, label=OFFLOAD_WHAT), "init")
+            return
         if site.what is not SiteKind.BACKWARD or stage is not Stage.AFTER:
             return
         g = self.layers[site.layer]
