@@ -3,21 +3,22 @@ numbers the composition never reads share one composition (issue 16).
 
 A point's composition (:func:`offsim.simulation.compose_run`: the state sizes, the measurement
 window fit and the system's mechanisms) is a pure function of its configuration. A sweep varies
-hardware numbers that many strategies' compositions never read (the DRAM size, the NVMe drives
-of a strategy that keeps nothing on NVMe, the PCIe generation: bandwidths are the executor's
-input, not the composition's), so composing each point anew repeats work (3.3 ms a point, a
-third of a worker's CPU at 74d2174).
+hardware numbers that some compositions never read (in the 7B grid of
+``benchmarks/sweep_throughput.py``, the DRAM size: its compositions read the PCIe curves, the
+NVMe drives and the CPU's rates), so composing each point anew repeats work (at 74d2174, 3.3 of
+a worker's 11.8 ms a point).
 
 Which hardware numbers a composition reads is not guessed: it is recorded. The first point of a
 kind is composed with its hardware profile wrapped so that every field read is noted (its dotted
-path, e.g. ``gpu.hbm_bytes_per_s``; a read of a whole sub-model, such as hashing it for a cache
+path, e.g. ``gpu.hbm_bandwidth_gb_per_s``; a read of a whole sub-model, such as hashing it for a cache
 or dumping it, notes that sub-model's whole value). The composition is kept under the values of
 exactly those paths, beside the whole value of everything else in the configuration (workload,
 strategy, iteration counts, notes). A later point whose configuration gives the same values on
 those paths gives the same composition: the function is deterministic, so it reads the same paths
-in the same order and computes the same things from them. A composition that keeps a hardware
-object inside itself (it could be read later, by the compiler or the executor, untraced) is
-never kept.
+in the same order and computes the same things from them. A composition after which a traced
+model is still held by anything (the composition itself, or a cache that would hand it to a
+later reader, untraced) is never kept: CPython frees what nothing holds at once, so reference
+counts tell.
 
 What is handed out on a hit is the kept composition with the point's own configuration
 (the kept fitted configuration with the point's hardware): the machine, capacities and prices
@@ -174,7 +175,8 @@ def _getter(paths: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
 
 def _rest_key(cfg: RunConfig) -> tuple[Any, ...]:
     """Everything in ``cfg`` but its hardware, by value."""
-    return (cfg.workload.model_dump_json(), cfg.strategy.model_dump_json(), type(cfg.strategy).__name__,
+    return (type(cfg.workload).__name__, cfg.workload.model_dump_json(),  # every field: none is excluded
+            type(cfg.strategy).__name__, cfg.strategy.model_dump_json(),
             cfg.iterations, cfg.warmup_iterations, cfg.tail_iterations, cfg.notes)
 
 
@@ -226,7 +228,8 @@ class ComposeMemo:
                 continue
             if kept is not None:
                 return dataclasses.replace(kept, cfg=kept.cfg.model_copy(update={"hardware": cfg.hardware}))
-        self.misses += 1
+        with self._lock:
+            self.misses += 1
         return self._compose_traced(cfg, rest)
 
     def _compose_traced(self, cfg: RunConfig, rest: tuple[Any, ...]) -> Composed:
