@@ -136,8 +136,8 @@ class Zero2Grads:
         acc = Need(self.accumulator_tier, "16-bit CPU gradient accumulator", self.accumulator_bytes)
         if self.offload_buffer_bytes is None:
             return (Need(Tier.GPU, BOTH_WHAT, self.gpu_buffer_bytes), acc)
-        return (Need(Tier.GPU, IPG_WHAT, self.gpu_buffer_bytes, Moment.FORWARD_BACKWARD),
-                Need(Tier.GPU, OFFLOAD_WHAT, self.offload_buffer_bytes), acc)
+        return (Need(Tier.GPU, IPG_WHAT, self.gpu_buffer_bytes, Moment.FORWARD_BACKWARD), acc,
+                Need(Tier.GPU, OFFLOAD_WHAT, self.offload_buffer_bytes))
 
     def emit(self, b: BlockBuilder, site: Site, stage: Stage) -> None:
         if site.what is SiteKind.INIT and stage is Stage.RUN and self.offload_buffer_bytes:
