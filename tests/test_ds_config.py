@@ -141,6 +141,23 @@ def test_deepspeed_ignored_keys_and_defaults() -> None:
     assert st.sub_group_params == 1e12 and st.prefetch_depth == 0
 
 
+def test_reduce_scatter_maps_at_stage_3_and_is_listed_as_ignored_below() -> None:
+    """zero_optimization.reduce_scatter (default true, zero/config.py) picks ZeRO-3's in-place
+    all-reduce of a bucket when false (stage3.py __avg_scatter_contiguous_grads); offsim models
+    it at stage 3 only, so below that it is reported as ignored."""
+    z3 = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    assert reading_from_ds_config(z3, "z3.json").strategy.reduce_scatter is True
+    z3["zero_optimization"]["reduce_scatter"] = False
+    assert reading_from_ds_config(z3, "z3.json").strategy.reduce_scatter is False
+    assert ds_config_from_strategy(reading_from_ds_config(z3, "z3.json").strategy)[
+        "zero_optimization"]["reduce_scatter"] is False
+    z2 = {"zero_optimization": {"stage": 2, "reduce_scatter": False, "offload_optimizer": {"device": "cpu"}}}
+    r = reading_from_ds_config(z2, "z2.json")
+    assert r.strategy.reduce_scatter is True
+    assert any(line.startswith("zero_optimization.reduce_scatter: offsim models it at stage 3 only")
+               for line in r.ignored)
+
+
 def test_twin_flow_ratio_and_its_stage_rule() -> None:
     r = reading_from_ds_config({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
                                                                                            "ratio": 0.3}}}, "t.json")

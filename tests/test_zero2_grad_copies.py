@@ -12,6 +12,7 @@ import pytest
 from offsim import simulate
 from offsim.config.loading import load_strategy
 from offsim.config.run import RunConfig, make_run_config
+from offsim.mechanisms.base import Moment
 from offsim.mechanisms.zero2_grads import lp_d2h_on
 from offsim.plan.deepspeed_versions import Z12AccumMode
 from offsim.plan.footprint import state_sizes
@@ -96,22 +97,24 @@ def test_overlapped_copies_hold_backward_one_bucket_behind() -> None:
 
 
 @pytest.mark.parametrize(("overlap", "bucket", "factor", "gpu_bytes"), [
-    (True, 5e8, 1.0, (2 * 500_000_000 + 8_388_608) * 2),
-    (False, 5e8, 1.0, (500_000_000 + 8_388_608) * 2),
-    (False, 5e7, 4.5, (225_000_000 + 8_388_608) * 2),
+    (True, 5e8, 1.0, 2 * 500_000_000 * 2),
+    (False, 5e8, 1.0, 500_000_000 * 2),
+    (False, 5e7, 4.5, 225_000_000 * 2),
 ])
 def test_footprint_holds_the_ipg_buckets_and_the_accumulator(overlap: bool, bucket: float, factor: float,
                                                             gpu_bytes: int) -> None:
     """GPU: the IPG bucket buffer(s), allocated at ``reduce_bucket_size`` x factor 16-bit elements
-    whatever the model (one, two with ``overlap_comm``; factor 4.5 in v0.3.0-v0.3.16), and
-    ``temp_grad_buffer_for_gpu_offload``, the largest parameter (tiny's 8192 x 1024 embedding);
-    host, with accumulation only: the pinned 16-bit accumulator of every owned parameter (2P)."""
+    whatever the model (one, two with ``overlap_comm``; factor 4.5 in v0.3.0-v0.3.16), held through
+    forward and backward (freed at backward's end, ``_release_ipg_buffers``); host, with
+    accumulation only: the pinned 16-bit accumulator of every owned parameter (2P); GPU, held:
+    ``temp_grad_buffer_for_gpu_offload``, the largest parameter (tiny's 8192 x 1024 embedding)."""
     from offsim.systems import zero_offload
     for gas, accumulator in ((1, 0), (3, 2 * P)):
         cfg = _cfg(gas=gas, overlap_grad_offload=overlap, reduce_bucket_params=bucket)
         st = cfg.strategy.model_copy(update={"system_options": {"ipg_buffer_factor": factor}})
         needs = zero_offload.compose(cfg.model_copy(update={"strategy": st})).mechanisms["grads"].footprint()
-        assert [n.nbytes for n in needs] == [gpu_bytes, accumulator]
+        assert [n.nbytes for n in needs] == [gpu_bytes, accumulator, 8_388_608 * 2]
+        assert needs[0].moment is Moment.FORWARD_BACKWARD and needs[2].moment is None
 
 
 @pytest.mark.parametrize(("z12_reduce", "factor"), [("reduce", 1), ("allreduce", 2)])

@@ -67,7 +67,7 @@ MAPPED: dict[str, Key] = {
     _Z + "stage": Key(0, ZERO), _Z + "sub_group_size": Key(1e9, ZERO),
     _Z + "reduce_bucket_size": Key(5e8, ZERO), _Z + "stage3_prefetch_bucket_size": Key(5e7, ZERO),
     _Z + "stage3_max_reuse_distance": Key(1e9, ZERO), _Z + "overlap_comm": Key(None, ZERO),
-    _Z + "stage3_max_live_parameters": Key(1e9, ZERO),
+    _Z + "stage3_max_live_parameters": Key(1e9, ZERO), _Z + "reduce_scatter": Key(True, ZERO),
     _OO + "device": Key("none", OFFLOAD), _OO + "pin_memory": Key(True, OFFLOAD),
     _OO + "buffer_count": Key(4, OFFLOAD), _OO + "pipeline_read": Key(False, OFFLOAD),
     _OO + "pipeline_write": Key(False, OFFLOAD), _OO + "ratio": Key(1.0, OFFLOAD),
@@ -95,7 +95,7 @@ IGNORED: dict[str, Key] = {
     **_ignored(CFG, "optimizer choice checks; the workload's optimizer decides what offsim updates",
                "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"),
     **_ignored(_SECTIONS["zero_optimization"], _SINGLE, *(_Z + k for k in (
-        "contiguous_gradients", "reduce_scatter", "allgather_partitions", "allgather_bucket_size",
+        "contiguous_gradients", "allgather_partitions", "allgather_bucket_size",
         "round_robin_gradients", "use_multi_rank_bucket_allreduce", "stage3_use_all_reduce_for_fetch_params",
         "stage3_allgather_sequential", "stage3_module_granularity_threshold"))),
     **_ignored(ZERO, "not modelled: offsim partitions every parameter (no small-parameter persistence)",
@@ -455,6 +455,7 @@ def _stage_fields(v: dict[str, Any], stage: int, par: str, given: set[str], note
         fields["reuse_distance_params"] = float(v[_Z + "stage3_max_reuse_distance"])
         fields["zero3_prefetch_bucket_params"] = float(v[_Z + "stage3_prefetch_bucket_size"])
         fields["zero3_max_live_params"] = float(v[_Z + "stage3_max_live_parameters"])
+        fields["reduce_scatter"] = bool(v[_Z + "reduce_scatter"])  # stage3.py __avg_scatter_contiguous_grads
         if fields["prefetch_depth"]:
             notes.approximations.append(
                 f"{_Z}stage3_prefetch_bucket_size {v[_Z + 'stage3_prefetch_bucket_size']:g} elements: offsim "
@@ -467,6 +468,9 @@ def _stage_fields(v: dict[str, Any], stage: int, par: str, given: set[str], note
                     _Z + "stage3_max_live_parameters"):
             if key in given:
                 notes.ignored.append(f"{key}: DeepSpeed uses it only at stage 3 (stage is {stage})")
+        if _Z + "reduce_scatter" in given:
+            notes.ignored.append(f"{_Z}reduce_scatter: offsim models it at stage 3 only (stage is {stage}); "
+                                 f"{_SINGLE}")
     return fields
 
 
@@ -626,6 +630,7 @@ def ds_config_from_strategy(st: Strategy) -> dict[str, Any]:
         zero["stage3_max_reuse_distance"] = round(st.reuse_distance_params)
         zero["stage3_prefetch_bucket_size"] = 0 if st.prefetch_depth == 0 else round(st.zero3_prefetch_bucket_params)
         zero["stage3_max_live_parameters"] = round(st.zero3_max_live_params)
+        zero["reduce_scatter"] = st.reduce_scatter
     cfg: dict[str, Any] = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
                            "gradient_accumulation_steps": "auto",
                            "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}}

@@ -71,8 +71,17 @@ def param_fetch(c: Ctx) -> ParamFetch | None:
             if home in ("nvme", "cpu") else None
         gather = c.collective(full, 1.0) if c.sz.param_part > 1 else None
         out.append(LayerFetch(whole(full), nvme, h2d, gather, min(whole(part), staging_cap)))
-    fetch = within_budget(c, ParamFetch(tuple(out), None), fixed_param_budget_bytes(c.cfg))
+    fetch = within_budget(c, ParamFetch(tuple(out), None, released_before_step=releases_before_step(c)),
+                          fixed_param_budget_bytes(c.cfg))
     return by_submodules(c, fetch) if on_zero3_submodule_fetch(c) else fetch
+
+
+def releases_before_step(c: Ctx) -> bool:
+    """Whether every gathered parameter is released between the last backward and the step:
+    a system on DeepSpeed's ZeRO-3 path (``Variants.deepspeed_grads``) at stage 3 (stage3.py
+    ``step`` -> ``_partition_all_parameters``, v0.6.0 on; the end of ``backward`` before). Other
+    systems keep their window through the step as before."""
+    return c.v.deepspeed_grads and c.st.zero_stage == 3
 
 
 def on_zero3_submodule_fetch(c: Ctx) -> bool:

@@ -22,6 +22,7 @@ from pydantic import Field
 from offsim.config.base import Frozen
 from offsim.config.run import RunConfig
 from offsim.core.enums import Tier
+from offsim.mechanisms.base import SiteKind, Stage
 from offsim.mechanisms.zero2_grads import Z12LayerGrads, Zero2Grads
 from offsim.plan import footprint as fp
 from offsim.plan.deepspeed_versions import DEFAULT_Z12_ACCUM_MODE, Z12AccumMode
@@ -93,9 +94,9 @@ def zero2_grads(c: Ctx) -> Zero2Grads:
     bucket = st.reduce_bucket_params * opts.ipg_buffer_factor * (2 if st.overlap_grad_offload else 1)
     accumulate = c.cfg.workload.training.grad_accumulation > 1
     return Zero2Grads(tuple(_layer(c, lay) for lay in c.layers), st.overlap_grad_offload,
-                      Z12AccumMode(opts.z12_accum_mode), whole((bucket + largest) * c.bpp_grad),
+                      Z12AccumMode(opts.z12_accum_mode), whole(bucket * c.bpp_grad),
                       whole(_accumulator_bytes(c)) if accumulate else 0,
-                      Tier.HOST_PINNED if st.pin_memory else Tier.HOST_PAGEABLE)
+                      Tier.HOST_PINNED if st.pin_memory else Tier.HOST_PAGEABLE, whole(largest * c.bpp_grad))
 
 
 def _accumulator_bytes(c: Ctx) -> float:
@@ -119,4 +120,5 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     if not on_deepspeed_z2_grads(cfg):
         return system
     mechs: dict[str, object] = {**system.mechanisms, "grads": zero2_grads(c)}
-    return replace(system, mechanisms=mechs)  # type: ignore[arg-type]
+    sites = {**system.sites, SiteKind.INIT: (*system.sites[SiteKind.INIT], ("grads", Stage.RUN))}
+    return replace(system, mechanisms=mechs, sites=sites)  # type: ignore[arg-type]
