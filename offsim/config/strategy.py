@@ -285,6 +285,15 @@ class Strategy(Frozen):
                     "(#1453, the current release): one buffer kept from start-up, reduced and partitioned "
                     "in the same flush",
     )
+    z3_host_grads: Literal["legacy", "flat_gpu_check", "flat_host_check"] = Field(
+        default="flat_host_check",
+        description="DeepSpeed version switch (stage3.py; offsim.plan.deepspeed_versions.Z3HostGrads): "
+                    "ZeRO-3 offload's 16-bit host gradient buffer and its fp16 overflow check. legacy, "
+                    "v0.3.12-v0.5.10: grads_in_partition only with gradient accumulation, no round trip "
+                    "at one micro-batch per step, overflow summed on the GPU; flat_gpu_check, v0.6.0-v0.9.3 "
+                    "(#1453): grad_partitions_flat_buffer from start-up, overflow per GPU partition; "
+                    "flat_host_check, v0.9.4+ (#3622, the current release): overflow scanned over the host buffer",
+    )
     reduce_scatter: bool = Field(
         default=True,
         description="DeepSpeed zero_optimization.reduce_scatter (default true). False at ZeRO-3 with "

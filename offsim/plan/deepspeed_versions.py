@@ -56,6 +56,35 @@ class Z3GradFlush(StrEnum):
 DEFAULT_Z3_GRAD_FLUSH = Z3GradFlush.SAME_FLUSH
 
 
+class Z3HostGrads(StrEnum):
+    """DeepSpeed ZeRO-3 offload's 16-bit host gradient buffer and where its fp16 overflow check
+    runs (stage3.py, read at the tags named; deepspeed_runtime.md §3, §8)."""
+
+    #: v0.3.12-v0.5.10: ``partition_previous_reduced_grads`` allocates ``grads_in_partition``
+    #: (``torch.half``, every partition of the rank, ``torch.zeros`` then ``pin_memory()`` iff
+    #: ``offload_param.pin_memory``) with ``offload_optimizer`` only when
+    #: ``gradient_accumulation_steps > 1``, for ``async_accumulate_grad_in_cpu_via_gpu``; with one
+    #: micro-batch per step a reduced partition goes straight to the fp32 gradient (or the
+    #: gradient swapper): no per-micro-batch round trip. Overflow: ``update_overflow_tracker_for_param_grad``
+    #: sums each GPU partition (``gpu_sum``) and ``has_overflow`` reads that one GPU float
+    LEGACY = "legacy"
+    #: v0.6.0-v0.9.3 (PR #1453): ``grad_partitions_flat_buffer`` (every partition, model dtype,
+    #: on the CPU with ``offload_optimizer``, pinned iff its ``pin_memory``) made at start-up, the
+    #: round trip every micro-batch; overflow: ``partition_grads`` ORs ``torch.isinf(grad_buffer)``
+    #: / ``torch.isnan`` of each reduced GPU partition into ``__inf_or_nan_tracker`` (GPU masks of
+    #: one partition, no host temporaries)
+    FLAT_GPU_CHECK = "flat_gpu_check"
+    #: v0.9.4+ (PR #3622, "zero3 performance optimizations"): the same buffer; ``has_overflow``
+    #: runs ``torch.isinf`` / ``torch.isnan`` over the whole host ``grad_partitions_flat_buffer``
+    #: at the step (host temporaries: :func:`offsim.plan.footprint.overflow_check_bytes`)
+    FLAT_HOST_CHECK = "flat_host_check"
+
+
+#: the current release's behaviour (v0.19.5, read at edaa722126: stage3.py ``_setup_for_real_optimizer``,
+#: ``has_overflow``)
+DEFAULT_Z3_HOST_GRADS = Z3HostGrads.FLAT_HOST_CHECK
+
+
 class Z12LpUpload(StrEnum):
     """How ZeRO-1/2 CPU offload brings each updated fp32 partition to the GPU's 16-bit copy after
     CPU Adam, when the step and copy are not fused (stage_1_and_2.py ``step``; deepspeed_runtime.md
