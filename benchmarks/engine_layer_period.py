@@ -2,7 +2,9 @@
 a layer-periodic shortcut (issue 16) would stand on. Nothing in the engine reads it.
 
 Run: ``python benchmarks/engine_layer_period.py [HARDWARE WORKLOAD STRATEGY]`` (default: the
-175B zero-infinity-nvme case of the speed table). Two figures per phase of each block:
+175B zero-infinity-nvme case of the speed table); with ``--scaling``, the cost of composing,
+compiling and running the case at 8, 24, 48 and 96 layers instead. Two figures per phase of each
+block:
 
 * the schedule's: each block cut into runs of ops with one (phase, layer) tag, or in the
   optimizer one sub-group (``Tag.group``); a run is *equal* to the one ``p`` runs before when its
@@ -25,14 +27,18 @@ progress, caches, the memory ledger).
 from __future__ import annotations
 
 import dataclasses
+import gc
+import math
 import re
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from offsim import make_run_config, simulate
+from offsim.config.loading import load_workload
 from offsim.schedule.ops import Block, Op, TensorRef
-from offsim.simulation import compose_run
+from offsim.simulation import compose_run, make_executor
 from offsim.trace import Span
 
 CASE = ("dgx2-v100", "gpt3-175b", "zero-infinity-nvme")
@@ -151,7 +157,36 @@ def run_periods(case: tuple[str, str, str], iteration: int = 1) -> None:
               f"p={', '.join(f'{p}: {n}' for p, n in counts.items())}; the first with p=1: {first}")
 
 
+def layer_scaling(case: tuple[str, str, str], layers: Sequence[int] = (8, 24, 48, 96), repeats: int = 5) -> None:
+    """Print the CPU seconds of composing and compiling, and of the executor's run, of ``case``
+    (3 iterations) with its workload cut to each count of ``layers`` (best of ``repeats``): what a
+    run that simulates only a few layers could cost at best."""
+    base = load_workload(case[1])
+    print("layers  compose+compile_s  executor_s  events  ops")
+    for n in layers:
+        wl = base.model_copy(update={"model": base.model.model_copy(update={"layers": n})})
+        cfg = make_run_config(case[0], wl, case[2], iterations=3)
+        best_compose_s = best_run_s = math.inf
+        for _ in range(repeats):
+            gc.collect()
+            t0 = time.process_time()
+            composed = compose_run(cfg).compiled()
+            best_compose_s = min(best_compose_s, time.process_time() - t0)
+            schedule = composed.schedule
+            assert schedule is not None, "compiled() compiles"
+            ex = make_executor(composed.cfg, composed.sz, schedule=schedule)
+            t0 = time.process_time()
+            events = ex.run()
+            best_run_s = min(best_run_s, time.process_time() - t0)
+            op_count = sum([len(block.ops) for block in schedule.blocks()])
+        print(f"{n:6d}  {best_compose_s:17.4f}  {best_run_s:10.4f}  {events:6d}  {op_count}")
+
+
 def main() -> None:
+    if "--scaling" in sys.argv:
+        sys.argv.remove("--scaling")
+        layer_scaling(tuple(sys.argv[1:4]) if len(sys.argv) >= 4 else CASE)  # type: ignore[arg-type]
+        return
     case = tuple(sys.argv[1:4]) if len(sys.argv) >= 4 else CASE
     print(" ".join(case))
     schedule_periods(case)  # type: ignore[arg-type]
