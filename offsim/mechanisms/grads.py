@@ -192,8 +192,10 @@ class Grads:
     ``__reduce_and_partition_ipg_grads`` synchronizes the oldest event while more than
     ``max_param_reduce_events`` = 2 are unfinished).
 
-    DeepSpeed ZeRO-3 only: ``ipg_bytes``, its IPG bucket buffer(s) (0: none), held while backward
-    runs (from a micro-batch's first backward layer to the epilogue); ``flush``, the release's
+    DeepSpeed ZeRO-3 only: ``ipg_bytes``, its IPG bucket buffer(s) made per backward (0: none;
+    ``NEXT_FLUSH``, v0.3.12-v0.5.10), held while backward runs (from a micro-batch's first
+    backward layer to the epilogue); ``SAME_FLUSH``'s one buffer is kept from start-up, a static
+    item (:func:`offsim.systems._part_grads.startup_ipg_buffer_bytes`), so 0 here; ``flush``, the release's
     :class:`~offsim.plan.deepspeed_versions.Z3GradFlush` (``NEXT_FLUSH``: a bucket's buffer is
     freed at the next flush, after the host waited for that bucket's reduction);
     ``buckets_alive``: the buckets whose ``buffer_bytes`` can be held at once (the footprint's
@@ -219,7 +221,7 @@ class Grads:
         streams = tuple(StreamSpec(s, StreamKind.CPU if s in ("grad_host", "cpu_update") else StreamKind.COPY,
                                    in_order=s == "cpu_update")
                         for s in names)
-        if any(g.roundtrip_h2d is not None for g in self.layers):
+        if self.buckets or any(g.roundtrip_h2d is not None for g in self.layers):
             streams = (*streams, StreamSpec(REDUCTION_STREAM, StreamKind.COPY, in_order=True))
         pools = [PoolSpec(GRAD_SLOTS, self.grad_slots)]
         if self.host_slots is not None:

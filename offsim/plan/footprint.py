@@ -20,6 +20,7 @@ from enum import StrEnum
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES, ModelShape
 from offsim.core.units import GiB
+from offsim.plan.deepspeed_versions import Z3HostGrads
 from offsim.plan.model import Layer, build_layers
 
 TIERS = ("gpu", "host_pinned", "host", "nvme", "pfs")
@@ -412,14 +413,34 @@ def deepspeed_host_init(cfg: RunConfig, sz: StateSizes) -> list[HostStep]:
         source = max(groups) * sz.host_grad_bytes_per_param
         _scratch(steps, "pageable source of a pinned fp32 sub-group gradient", source)
     steps.append(HostStep("host_pageable", -fp32, "fp32 gradient buffer of initialize_optimizer_states"))
-    if not (pl.grads == "cpu" and st.delayed_grad_conversion):
-        flat = sum(parts) * DTYPE_BYTES[pr.grads]
-        what = "16-bit gradient partitions (grad_partitions_flat_buffer)"
+    flat = host_grad_partition_bytes(cfg, sz)
+    if flat > 0:
+        legacy = Z3HostGrads(st.z3_host_grads) is Z3HostGrads.LEGACY
+        what = ("16-bit gradient accumulator (grads_in_partition)" if legacy
+                else "16-bit gradient partitions (grad_partitions_flat_buffer)")
         if st.pin_memory:
             _pinned(steps, cfg, what, flat, True)
         else:
             steps.append(HostStep("host_pageable", flat, what))
     return steps
+
+
+def host_grad_partition_bytes(cfg: RunConfig, sz: StateSizes) -> float:
+    """Bytes of DeepSpeed ZeRO-3 offload's 16-bit host buffer of the rank's gradient partitions,
+    per rank, as the release (``strategy.z3_host_grads``, :class:`Z3HostGrads`) allocates it;
+    0 off that path or with 16-bit host gradients (``delayed_grad_conversion``: counted as their
+    home). ``flat_gpu_check`` / ``flat_host_check`` (v0.6.0+, stage3.py ``_setup_for_real_optimizer``):
+    ``grad_partitions_flat_buffer``, every partition in the model dtype, always; ``legacy``
+    (v0.3.12-v0.5.10, ``partition_previous_reduced_grads``): ``grads_in_partition``, ``torch.half``,
+    only with gradient accumulation (``gradient_accumulation_steps > 1``). Made at the first flush
+    there, not at start-up, and kept, so counted with the start-up items."""
+    st, pr, pl = cfg.strategy, cfg.workload.precision, cfg.strategy.placement
+    if not deepspeed_zero3_offload(cfg) or (pl.grads == "cpu" and st.delayed_grad_conversion):
+        return 0.0
+    parts = sum(param_partitions(cfg, sz))
+    if Z3HostGrads(st.z3_host_grads) is Z3HostGrads.LEGACY:
+        return parts * DTYPE_BYTES["fp16"] if cfg.workload.training.grad_accumulation > 1 else 0.0
+    return parts * DTYPE_BYTES[pr.grads]
 
 
 def host_steps_peak(steps: Sequence[HostStep]) -> tuple[dict[str, float], float]:
@@ -447,9 +468,13 @@ def overflow_check_bytes(cfg: RunConfig, sz: StateSizes) -> float:
     (stage3.py ``_overflow_check_and_loss_scale_update`` skips it for bf16); ``has_overflow``
     runs ``torch.isinf`` then ``torch.isnan`` over the whole 16-bit host gradient buffer, and
     ``isinf`` is ``self.abs() == inf`` (aten/src/ATen/native/TensorCompare.cpp), so a 16-bit
-    copy and a 1-byte mask per element are alive together. ``fused`` (MemAscend): none."""
+    copy and a 1-byte mask per element are alive together. ``fused`` (MemAscend): none. Only
+    from v0.9.4 (PR #3622, ``z3_host_grads`` ``flat_host_check``): earlier releases check each
+    reduced partition on the GPU (:class:`Z3HostGrads`), with no host temporaries."""
     st, pr = cfg.strategy, cfg.workload.precision
     if not deepspeed_zero3_offload(cfg) or st.overflow_check == "fused" or pr.params != "fp16":
+        return 0.0
+    if Z3HostGrads(st.z3_host_grads) is not Z3HostGrads.FLAT_HOST_CHECK:
         return 0.0
     return sum(param_partitions(cfg, sz)) * (DTYPE_BYTES[pr.grads] + 1.0)
 

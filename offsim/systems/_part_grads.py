@@ -13,7 +13,7 @@ from offsim.config.workload import DTYPE_BYTES
 from offsim.mechanisms.grads import GradBucket, Grads, LayerGrads, LayerUpdate
 from offsim.plan import footprint as fp
 from offsim.plan import host_pages
-from offsim.plan.deepspeed_versions import Z3Fp32GradCopy, Z3GradFlush
+from offsim.plan.deepspeed_versions import Z3Fp32GradCopy, Z3GradFlush, Z3HostGrads
 from offsim.plan.model import Layer, ReduceBucket, reduce_buckets
 from offsim.systems._ctx import Ctx, whole
 from offsim.systems._part_optimizer import gpu_adam_bpp, optimizer_dram_bpp, storage
@@ -172,8 +172,9 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fres
     mode = Z3Fp32GradCopy(st.z3_fp32_grad_copy)
     nvme = st.placement.grads == "nvme" and not st.delayed_grad_conversion
     gpu_cast = nvme or (mode is not Z3Fp32GradCopy.CPU_UPCAST_BLOCKING and not st.delayed_grad_conversion)
-    fields: dict[str, Any] = {"roundtrip_h2d": c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory),
-                              **_boundary_gpu_work(c, local, biggest, gpu_cast, nvme)}
+    fields: dict[str, Any] = _boundary_gpu_work(c, local, biggest, gpu_cast, nvme)
+    if _round_trip(c):
+        fields["roundtrip_h2d"] = c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory)
     if st.delayed_grad_conversion:
         return fields
     if nvme:  # the gradient swapper: GPU cast, blocking copy into its buffers
@@ -196,6 +197,18 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fres
     return fields
 
 
+def _round_trip(c: Ctx) -> bool:
+    """Whether each micro-batch copies this rank's reduced partitions into the 16-bit host
+    buffer (D2H) and back (H2D), :func:`offsim.plan.footprint.host_grad_partition_bytes`'s
+    buffer: v0.6.0+ every micro-batch (stage3.py ``partition_grads``); ``legacy`` (v0.3.12-v0.5.10,
+    ``partition_previous_reduced_grads``) only with gradient accumulation
+    (``async_accumulate_grad_in_cpu_via_gpu``; its v1 pattern, deepspeed_runtime.md §14.2, skips
+    the first micro-batch's H2D and the boundary's 16-bit D2H: offsim keeps a round trip on
+    every micro-batch, one more of each per step), none with one micro-batch per step."""
+    legacy = Z3HostGrads(c.st.z3_host_grads) is Z3HostGrads.LEGACY
+    return not legacy or c.cfg.workload.training.grad_accumulation > 1
+
+
 def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGrads:
     """A reduce bucket's flows on DeepSpeed's ZeRO-3 path: the reduce-scatter of its 16-bit
     gradients (``reduce_scatter_coalesced``), the copy of this rank's partition down and
@@ -212,7 +225,8 @@ def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGr
                           _largest_partition(c, bucket.pieces)) if local > 0 else {}
     factor = 2.0 if st.zero_stage < 2 or _in_place_all_reduce(c, bucket.elements) else 1.0
     return LayerGrads(c.collective(full, factor), True, buffer_bytes=whole(full),
-                      d2h=c.paths.dma(False, whole(local * c.bpp_grad), st.pin_memory) if local > 0 else None,
+                      d2h=c.paths.dma(False, whole(local * c.bpp_grad), st.pin_memory)
+                      if local > 0 and _round_trip(c) else None,
                       nvme_write=c.paths.nvme(False, whole(local * hg)) if nvme and local > 0 else None, **ds)
 
 
@@ -260,6 +274,17 @@ def ipg_buffer_bytes(c: Ctx) -> int:
     if Z3GradFlush(st.z3_grad_flush) is Z3GradFlush.NEXT_FLUSH:
         return whole(st.reduce_bucket_params * DTYPE_BYTES["fp16"] * (2 if st.overlap_grad_offload else 1))
     return whole(st.reduce_bucket_params * c.bpp_grad)
+
+
+def startup_ipg_buffer_bytes(c: Ctx) -> int:
+    """GPU bytes of the IPG bucket buffer DeepSpeed ZeRO-3 makes at start-up and keeps
+    (``same_flush``, v0.6.0+: stage3.py ``_setup_for_real_optimizer`` at edaa722126, ``__init__``
+    in v0.6.0; :func:`ipg_buffer_bytes`), a static item (:mod:`offsim.systems._part_static`), so a
+    forward-time peak meets it as the fit check does; 0 off DeepSpeed's ZeRO-3 gradient path or
+    with ``next_flush``, whose buffers live through each backward only (:attr:`Grads.ipg_bytes`)."""
+    if not _on_deepspeed_grads(c) or Z3GradFlush(c.st.z3_grad_flush) is not Z3GradFlush.SAME_FLUSH:
+        return 0
+    return ipg_buffer_bytes(c)
 
 
 def _first_tensors(order: list[tuple[int, tuple[int, ...]]], buckets: Iterable[ReduceBucket]) -> list[int]:
@@ -345,6 +370,7 @@ def grads(c: Ctx) -> Grads:
     if not _on_deepspeed_grads(c):
         return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain)
     buckets = grad_buckets(c, pool)
+    per_backward = ipg_buffer_bytes(c) - startup_ipg_buffer_bytes(c)  # same_flush's is a static item
     return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain, buckets,
-                 Z3_REDUCTIONS_IN_FLIGHT, ipg_buffer_bytes(c), Z3GradFlush(c.st.z3_grad_flush),
+                 Z3_REDUCTIONS_IN_FLIGHT, per_backward, Z3GradFlush(c.st.z3_grad_flush),
                  _buckets_alive(c, buckets))

@@ -10,6 +10,7 @@ from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan import footprint as fp
 from offsim.plan.policy_plan import dram_cache_bytes
 from offsim.systems._ctx import Ctx, whole
+from offsim.systems._part_grads import startup_ipg_buffer_bytes
 from offsim.systems._part_optimizer import subgroups
 
 #: Systems whose host optimizer state DeepSpeed's ZeRO optimizers allocate (DeepSpeed and its forks:
@@ -57,6 +58,9 @@ def static_state(c: Ctx) -> StaticState:
     on_pfs = fp.pfs_share(cfg)
     items += _optimizer_state(c, o * (1.0 - on_pfs))
     items.append(StaticItem(Tier.PFS, whole(o * on_pfs), "optimizer state striped to the PFS", TensorKind.OPT_STATE))
+    ipg = startup_ipg_buffer_bytes(c)
+    if ipg > 0:  # kept from start-up, v0.6.0+ (offsim.plan.deepspeed_versions.Z3GradFlush.SAME_FLUSH)
+        items.append(StaticItem(Tier.GPU, ipg, "IPG bucket buffer (stage3.py, kept from start-up)", TensorKind.BUFFER))
     if fp.deepspeed_zero3_offload(cfg):
         items += _host_init_items(c)
         items += _flat_16bit_grad_items(c) if _flat_16bit_grads(c) else []
