@@ -9,8 +9,9 @@ block:
 * the schedule's: each block cut into runs of ops with one (phase, layer) tag, or in the
   optimizer one sub-group (``Tag.group``); a run is *equal* to the one ``p`` runs before when its
   ops are, field by field, with layer and sub-group numbers taken relative to the run's,
-  ``after`` ids relative to its first op, and gradient-buffer groups renumbered in order of
-  first use (they are numbered across the whole backward); labels (display text) left out;
+  ``after`` ids relative to its first op, and the gradient buffers' groups relative to the run's
+  first (they are numbered across the whole backward, 4 a layer) as are a step run's groups to
+  its sub-group (:func:`_group`); labels (display text) left out;
 * the run's: the spans of each layer (or sub-group) of iteration 1, relative to the start of
   its first span on the GPU, the CPU or an NVMe read; a unit *matches* the one ``p`` before when
   the same spans (resource, kind, name with numbers blanked, bytes) lie at the same relative
@@ -28,15 +29,31 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import math
 import re
 import sys
 import time
 from collections.abc import Sequence
+from heapq import heappop
 from typing import Any
 
 from offsim import make_run_config, simulate
 from offsim.config.loading import load_workload
+from offsim.core.enums import TensorKind
+from offsim.engine.execute import Executor
+from offsim.engine.hooks import FetchTracker, PolicyCache
+from offsim.engine.steady import (
+    OpaqueStateError,
+    Snapshot,
+    _accesses,
+    _Canon,
+    _key,
+    _memory,
+    _queue,
+    _resources,
+    _writers,
+)
 from offsim.schedule.ops import Block, Op, TensorRef
 from offsim.simulation import compose_run, make_executor
 from offsim.trace import Span
@@ -45,6 +62,15 @@ CASE = ("dgx2-v100", "gpt3-175b", "zero-infinity-nvme")
 PERIODS = (1, 2, 3, 4, 6, 8)
 TOLERANCE = 1e-13
 _NUMBER = re.compile(r"\d+")
+#: a run's group origin: (the number its groups are taken relative to, or None; a sub-group's run)
+Origin = tuple[int | None, bool]
+#: groups further than this from a run's origin are other numbering (the static buffers, 1000 on)
+GROUP_WINDOW = 64
+#: a run, for ``--state``: (first op id, phase, unit, first op of the phase's periodic part, origin)
+Boundary = tuple[int, str, int, int, Origin]
+#: the state comparisons of ``--state``: (compare the residents' next uses, memory window in units)
+VARIANTS: tuple[tuple[bool, int | None], ...] = ((True, None), (False, None), (True, 4), (False, 4))
+VARIANT_NAMES = ("all", "without next uses", "memory within 4 units", "both")
 _SUB_GROUP = re.compile(r"sub-group (\d+)")
 
 
@@ -52,10 +78,41 @@ def _rel(value: int, origin: int) -> int:
     return value - origin if value >= 0 else value
 
 
-def _canon(op: Op, unit: int, first_id: int, groups: dict[int, int]) -> tuple[Any, ...]:
-    """``op`` relative to its run (``unit``: the run's layer or sub-group)."""
+def _group(r: TensorRef, origin: Origin) -> int | tuple[str, int]:
+    """``r.group``, relative to the run's ``origin`` (its first gradient buffer's number in a
+    layer's run, its sub-group in the step's) where it is a buffer's number, or any group in a
+    sub-group's run, within :data:`GROUP_WINDOW` of it; as it is otherwise."""
+    first, sub_group = origin
+    g = r.group
+    if first is None or g < 0 or abs(g - first) > GROUP_WINDOW:
+        return g
+    if sub_group or r.kind == TensorKind.BUFFER:
+        return ("g", g - first)
+    return g
+
+
+def _origin(unit: int, ops: Sequence[Op]) -> Origin:
+    """A run's group origin: its sub-group (a step's run), or its lowest buffer number."""
+    if ops and ops[0].tag.layer < 0:
+        return (unit, True)
+    buffers = [r.group for r in _refs(ops) if r.kind == TensorKind.BUFFER and r.group >= 0]
+    return (min(buffers) if buffers else None, False)
+
+
+def _refs(ops: Sequence[Op]) -> list[TensorRef]:
+    """Every tensor the ops name (in their bodies, reads and writes)."""
+    out: list[TensorRef] = []
+    for op in ops:
+        out += [v for f in dataclasses.fields(op.body) if isinstance(v := getattr(op.body, f.name), TensorRef)]
+        out += [*op.reads, *op.writes]
+    return out
+
+
+def _canon(op: Op, unit: int, first_id: int, origin: Origin) -> tuple[Any, ...]:
+    """``op`` relative to its run (``unit``: the run's layer or sub-group; ``origin``: its group
+    origin, :func:`_origin`)."""
     def ref(r: TensorRef) -> tuple[Any, ...]:
-        return (r.kind, _rel(r.unit, unit), groups.setdefault(r.group, len(groups)) if r.group >= 0 else -1, r.mb)
+        return (r.kind, _rel(r.unit, unit), _group(r, origin), r.mb)
 
     fields: list[Any] = []
     for f in dataclasses.fields(op.body):
@@ -96,7 +153,7 @@ def schedule_periods(case: tuple[str, str, str]) -> None:
     for block in schedule.blocks():
         by_phase: dict[str, list[tuple[int, int, tuple[Any, ...]]]] = {}
         for phase, unit, ops in _runs(block):
-            canon = tuple(_canon(op, unit, ops[0].id, {}) for op in ops)
+            canon = tuple(_canon(op, unit, ops[0].id, _origin(unit, ops)) for op in ops)
             by_phase.setdefault(phase, []).append((unit, len(ops), canon))
         for phase, runs in by_phase.items():
             counts = _equal_counts([r[2] for r in runs], PERIODS)
@@ -182,7 +239,184 @@ def layer_scaling(case: tuple[str, str, str], layers: Sequence[int] = (8, 24, 48
         print(f"{n:6d}  {best_compose_s:17.4f}  {best_run_s:10.4f}  {events:6d}  {op_count}")
 
 
+class _UnitCanon(_Canon):
+    """:class:`offsim.engine.steady._Canon` with layer or sub-group numbers taken relative to the
+    unit ``unit`` whose run begins at op ``start`` of the block: units, tensor references, op
+    identities, cache positions (relative to each cache's accesses so far) and flow names (numbers
+    blanked). ``next_use``: compare the residents' next-use positions (as the shortcut does)."""
+
+    def __init__(self, ex: Executor, run: Boundary, programs: dict[int, tuple[Any, ...]], next_use: bool) -> None:
+        super().__init__(ex, ex.cursor.frames[-1], _accesses(ex, ex.cursor.frames[-1]))
+        self.start, _, self.unit, self.segment, self.origin = run
+        self.programs, self.next_use = programs, next_use
+
+    def rel(self, unit: int) -> int | str:
+        return unit - self.unit if unit >= 0 else f"fixed {unit}"
+
+    def ref(self, ref: Any) -> Any:
+        if isinstance(ref, TensorRef):
+            return (str(ref.kind), self.rel(ref.unit), _group(ref, self.origin), self.micro_batch(ref.mb))
+        return super().ref(ref)
+
+    def op_id(self, op: Op) -> Any:
+        program = self.programs.get(id(op))
+        if program is not None:
+            return (*program[:2], self.rel(program[2]), program[3])
+        return ("block", op.id - self.start) if op.id >= self.segment else ("fixed", op.id)
+
+    def pos(self, cache_id: Any, position: int) -> Any:
+        cache = self.ex.caches[cache_id]
+        if not isinstance(cache, PolicyCache):
+            return position
+        return position - cache.counters.get(_key(cache, self.frame), 0)
+
+    def flow(self, f: Any) -> Any:
+        described = super().flow(f)
+        if described[0] == "flow" and len(described) > 2:
+            return (described[0], _NUMBER.sub("#", described[1]), *described[2:])
+        return described
+
+    def describe_nodes(self) -> None:
+        k = 0
+        while k < len(self.nodes):
+            n = self.nodes[k]
+            self.t(n.head_s)
+            self.t(n.start_s)
+            position: Any = self.pos(n.op.body.cache, n.position) if n.position >= 0 else n.position  # type: ignore[union-attr]
+            self.described.append((self.op_id(n.op), self.iteration(n.iteration), self.micro_batch(n.micro_batch),
+                                   n.phase, n.pending, self.val(n.then), position, self.val(n.stream_pred),
+                                   self.val(n.request), tuple(self.val(w) for w in n.waiters)))
+            k += 1
+
+
+def _unit_caches(c: _UnitCanon) -> Any:
+    """The caches, units and positions relative (the steady shortcut's ``_caches``, by unit)."""
+    out: list[Any] = []
+    for cid, cache in c.ex.caches.items():
+        if isinstance(cache, FetchTracker):
+            out.append((str(cid), tuple(((c.iteration(it), c.micro_batch(mb), c.rel(u)), c.val(n))
+                                        for (it, mb, u), n in cache.present.items())))
+            continue
+        present = tuple((c.rel(u), c.val(n)) for u, n in cache.present.items())
+        open_ = tuple((c.rel(u), tuple(c.pos(cid, p) for p in q)) for u, q in cache.open.items() if q)
+        resident: list[Any] = []
+        inner = cache.cache
+        if inner is not None:
+            for t, r in inner.resident.items():
+                nxt = inner._next[r.last_use]
+                resident.append((c.rel(t), r.size_bytes, c.pos(cid, r.inserted_at), c.pos(cid, r.last_use),
+                                 None if nxt is None or not c.next_use else c.pos(cid, nxt)))
+            c.values.append(inner.used_bytes)
+            pins = tuple((c.rel(t), n) for t, n in inner.pins.items() if n > 0)
+        out.append((str(cid), c.pos(cid, cache.issued), present, open_, tuple(resident), pins if inner else None))
+    return tuple(out)
+
+
+def _held(c: _UnitCanon, window: int | None) -> Any:
+    """The memory held, units relative; with ``window``, the tensors of units more than
+    ``window`` units back (a stack that grows a unit a period: activations kept for backward)
+    are left out, as they are not compared but would have to be added at a jump."""
+    mem = c.ex.memory
+    held = []
+    for (tier, key), n in mem.held.items():
+        ref = c.ref(key)
+        if window is not None and isinstance(ref[1], int) and abs(ref[1]) > window:
+            continue
+        held.append((str(tier), ref, n))
+    return tuple(sorted(held, key=repr))
+
+
+def _unit_snapshot(ex: Executor, run: Boundary, programs: dict[int, tuple[Any, ...]],
+                   next_use: bool, window: int | None) -> Snapshot:
+    """The executor's state relative to the start of ``run``."""
+    c = _UnitCanon(ex, run, programs, next_use)
+    cur = ex.cursor
+    counter = (id(cur.block), cur.op_index - c.start, tuple(c.val(n) for n in cur.nodes[c.start:]))
+    totals = None if window is not None else _memory(c)
+    shape = (counter, _queue(c), _resources(c), _held(c, window), totals, _writers(c), _unit_caches(c))
+    c.describe_nodes()
+    return Snapshot((shape, tuple(c.described)), c.times, c.values, c.nodes)
+
+
+def _programs(schedule: Any) -> dict[int, tuple[Any, ...]]:
+    """Each cache program's ops: (what, cache, unit, index)."""
+    out: dict[int, tuple[Any, ...]] = {}
+    for spec in schedule.caches:
+        for what, programs in (("fetch", spec.fetch), ("evict", spec.evict)):
+            for unit, block in programs.items():
+                for op in block.ops:
+                    out[id(op)] = (what, str(spec.id), unit, op.id)
+    return out
+
+
+def _boundaries(schedule: Any) -> dict[int, list[Boundary]]:
+    """Per block (by id), its runs: first op id, phase, unit, the first op of the phase's
+    periodic part (the first run equal, relative, to the run after it) and the group origin."""
+    out: dict[int, list[Boundary]] = {}
+    for b in schedule.blocks():
+        runs = [r for r in _runs(b) if r[1] >= 0]
+        canons = [tuple(_canon(op, unit, ops[0].id, _origin(unit, ops)) for op in ops) for _, unit, ops in runs]
+        segment: dict[str, int] = {}
+        for i, (phase, _, ops) in enumerate(runs[:-1]):
+            if phase not in segment and runs[i + 1][0] == phase and canons[i] == canons[i + 1]:
+                segment[phase] = ops[0].id
+        out[id(b)] = [(ops[0].id, phase, unit, segment.get(phase, ops[0].id), _origin(unit, ops))
+                      for phase, unit, ops in runs]
+    return out
+
+
+def state_periods(case: tuple[str, str, str], iteration: int = 1) -> None:
+    """Run ``case`` without the shortcut, snapshot the whole state (relative to the unit) as each
+    run of ``iteration`` begins, and count the boundaries whose state matches the one before, to
+    the shortcut's tolerances: with the residents' next-use positions compared, and without."""
+    composed = compose_run(make_run_config(*case, iterations=3)).compiled()
+    schedule = composed.schedule
+    assert schedule is not None, "compiled() compiles"
+    ex = make_executor(composed.cfg, composed.sz, schedule=schedule)
+    starts, programs = _boundaries(schedule), _programs(schedule)
+    seen: dict[str, list[tuple[Any, ...]]] = {}
+    snapshot_s: list[float] = []
+    ex._walk_accesses()
+    ex._advance()
+    cursor, clock, queue = ex.cursor, ex.clock, ex.clock.queue
+    block_id, todo = -1, list[Boundary]()
+    while queue:
+        clock.now_s, _, call, arg = heappop(queue)
+        call(arg)
+        if cursor.block is None or cursor.iteration != iteration:
+            continue
+        if id(cursor.block) != block_id:
+            block_id, todo = id(cursor.block), list(starts.get(id(cursor.block), []))
+        while todo and cursor.op_index > todo[0][0]:
+            run = todo.pop(0)
+            if todo and cursor.op_index > todo[0][0]:
+                continue  # more than one run begun in one step: not a boundary of its own
+            try:
+                t0 = time.process_time()
+                snaps = [_unit_snapshot(ex, run, programs, nu, w) for nu, w in VARIANTS]
+                snapshot_s.append((time.process_time() - t0) / len(VARIANTS))
+            except OpaqueStateError:
+                continue
+            seen.setdefault(run[1], []).append((run[2], clock.now_s, *snaps))
+    for phase, rows in seen.items():
+        counts = []
+        for k in range(len(VARIANTS)):
+            matched = [b[0] for a, b in itertools.pairwise(rows)
+                       if b[2 + k].matches(a[2 + k], max(abs(b[1]), b[1] - a[1]))]
+            counts.append(f"{len(matched)} (from unit {matched[0] if matched else None})")
+        print(f"state iteration {iteration} {phase}: {len(rows)} boundaries; the state matches the one "
+              f"before: {'; '.join(f'{name} {n}' for name, n in zip(VARIANT_NAMES, counts, strict=True))}")
+    snapshot_s.sort()
+    if snapshot_s:
+        print(f"a snapshot: median {snapshot_s[len(snapshot_s) // 2] * 1e3:.2f} ms, "
+              f"max {snapshot_s[-1] * 1e3:.2f} ms (CPU, {len(snapshot_s)} boundaries)")
+
+
 def main() -> None:
+    if "--state" in sys.argv:
+        sys.argv.remove("--state")
+        state_periods(tuple(sys.argv[1:4]) if len(sys.argv) >= 4 else CASE)  # type: ignore[arg-type]
+        return
     if "--scaling" in sys.argv:
         sys.argv.remove("--scaling")
         layer_scaling(tuple(sys.argv[1:4]) if len(sys.argv) >= 4 else CASE)  # type: ignore[arg-type]

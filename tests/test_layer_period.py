@@ -36,7 +36,8 @@ def _layer_ops(layer: int, first_id: int, reads_back: int = 1, nbytes: int = 100
 
 
 def _canons(probe: ModuleType, block: Block) -> list[tuple[object, ...]]:
-    return [tuple(probe._canon(op, unit, ops[0].id, {}) for op in ops) for _, unit, ops in probe._runs(block)]
+    return [tuple(probe._canon(op, unit, ops[0].id, probe._origin(unit, ops)) for op in ops)
+            for _, unit, ops in probe._runs(block)]
 
 
 def test_layers_equal_up_to_their_number() -> None:
