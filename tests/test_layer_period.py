@@ -85,3 +85,26 @@ def test_spans_match_to_the_tolerance_only() -> None:
     assert not probe._matches(late, 3, 1)
     rounding = [*units[:3], _unit(101.5, offset_s=1e-12)]  # within 1e-13 x 101.5 s
     assert probe._matches(rounding, 3, 1)
+
+
+def _backward_ops(layer: int, first_id: int, first_buffer: int, buffers: int = 4) -> list[Op]:
+    """A backward layer holding ``buffers`` gradient buffers numbered from ``first_buffer`` (as
+    the compiler numbers them across the whole backward), and reading a static buffer (1004)."""
+    tag = Tag(Activity.BACKWARD, MechanismId.GRADS, Phase.BACKWARD, layer=layer)
+    static = TensorRef(TensorKind.BUFFER, unit=-1, group=1004)
+    return [Op(first_id + k, Alloc(Tier.GPU, 10, TensorRef(TensorKind.BUFFER, unit=-4, group=first_buffer + k,
+                                                           mb=CUR_MB)), tag, "gpu", reads=(static,))
+            for k in range(buffers)]
+
+
+def test_gradient_buffers_relative_to_the_run_static_ones_not() -> None:
+    """Layers 45 and 44 with buffers 205-208 and 209-212 are equal (4 a layer); layer 43 with
+    213-215 (3) is not; the static buffer 1004 stays 1004 (further than GROUP_WINDOW from 213)."""
+    probe = _probe()
+    block = Block("mb", tuple(_backward_ops(45, 0, 205) + _backward_ops(44, 4, 209)
+                              + _backward_ops(43, 8, 213, buffers=3)))
+    canons = _canons(probe, block)
+    assert canons[0] == canons[1] != canons[2]
+    reads = canons[0][0][9]
+    assert reads[0][2] == 1004
+    assert canons[0][0][1][2][1][2] == ("g", 0) and canons[0][3][1][2][1][2] == ("g", 3)
