@@ -60,3 +60,26 @@ def test_jlse_declared_ranges_replace_the_shipped_ones_on_their_fields() -> None
     assert used["hardware:host_link.duplex_efficiency"] == pytest.approx((0.44, 1.0))
     # the other shipped ranges still apply (host link rates, GEMM efficiency, CPU Adam, memcpy, reserve)
     assert {"host-link-rate", "gemm-efficiency", "cpu-adam-rate-derived", "cpu-memcpy", "gpu-reserved"} <= set(used)
+
+
+def test_every_unmeasured_full_duplex_pcie_link_draws_the_platforms_spread() -> None:
+    """No shipped PCIe profile keeps a duplex_efficiency of 1.0 (no bidirectional measurement of its
+    own) without the measured platforms' spread, 0.44-0.90 per direction (hardware_facts.md 2.4),
+    as its range: the shipped duplex-efficiency range (x0.80-x1.25, clipped at 1) is for the
+    profiles that derived theirs from a measurement (0.72, 0.77). ``tiny`` is the tests' own."""
+
+    from offsim.validation_intervals import default_assumptions_path
+
+    folder = default_assumptions_path().parent.parent / "hardware_profiles"
+    missing, checked = [], []
+    for path in sorted(folder.glob("*.yaml")):
+        hw = load_profile(path.stem)
+        if path.stem == "tiny" or hw.host_link.kind != "pcie" or hw.host_link.duplex_efficiency < 1.0:
+            continue
+        checked.append(path.stem)
+        r = hw.assumed.get("host_link.duplex_efficiency")
+        if r is None or r.range != (0.44, 1.0):
+            missing.append(path.stem)
+    assert not missing
+    # dgx2-v100, a6000-ws, h100-sxm5-gen5, h200-sxm-node, harmony, jlse, laptop, patrickstar
+    assert len(checked) == 8
