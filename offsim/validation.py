@@ -74,6 +74,7 @@ _KIND_BY_METRIC = {
     "phases_s.backward": MetricKind.BACKWARD,
     "phases_s.optimizer": MetricKind.OPTIMIZER,
     "peak_bytes.gpu": MetricKind.GPU_MEMORY,
+    "peak_bytes.gpu_allocated": MetricKind.GPU_MEMORY,
     "peak_bytes.host": MetricKind.HOST_MEMORY,
     "peak_bytes.host_pinned": MetricKind.HOST_MEMORY,
 }
@@ -97,10 +98,19 @@ def _tflops_total(metrics: RunMetrics, cfg: RunConfig) -> float | None:
     return None if tp is None else tp * cfg.workload.training.data_parallel
 
 
+def _gpu_allocated(metrics: RunMetrics, cfg: RunConfig) -> float | None:
+    """The GPU peak as ``torch.cuda.max_memory_allocated`` reads it, bytes: blocks handed to
+    tensors (``allocated_bytes.all.peak``), so without the memory outside PyTorch's pool that
+    ``peak_bytes.gpu`` counts from the start, the profile's ``reserved_gib`` (CUDA context,
+    allocator slack; ../shared/reference/gpu_memory.md, the counters' table and simulator rule 4)."""
+    return metrics.peak_bytes.gpu - cfg.hardware.gpu.reserved_bytes
+
+
 #: Metrics a source reports that RunMetrics does not carry as such, derived from it here.
 DERIVED_METRICS: dict[str, Callable[[RunMetrics, RunConfig], float | None]] = {
     "samples_per_s": _samples_per_s,
     "tflops_total": _tflops_total,
+    "peak_bytes.gpu_allocated": _gpu_allocated,
 }
 
 
