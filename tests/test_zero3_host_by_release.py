@@ -152,3 +152,14 @@ def test_engine_peak_within_the_footprint() -> None:
             cfg = _cfg(gas, **update)  # type: ignore[arg-type]
             peak, need = simulate(cfg).metrics.peak_bytes, footprint(cfg).need_bytes
             assert peak.gpu <= need["gpu"] and peak.host <= need["host"], (update, gas)
+
+
+def test_overflow_scan_time_only_from_v0_9_4() -> None:
+    """The step's host isinf/isnan pass over the flat host buffer (stage3.py ``has_overflow`` over
+    ``grad_partitions_flat_buffer``, #3622) exists only in flat_host_check; before, the check
+    sums on the GPU, so no host pass is charged (``_part_optimizer.overflow_scan``)."""
+    from offsim.systems._ctx import build_ctx
+    from offsim.systems._part_optimizer import overflow_scan
+    for mode, charged in (("legacy", False), ("flat_gpu_check", False), ("flat_host_check", True)):
+        cfg = _cfg(fp16=True, z3_host_grads=mode)
+        assert (overflow_scan(build_ctx(cfg)) is not None) is charged, mode

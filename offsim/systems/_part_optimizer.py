@@ -27,7 +27,7 @@ from offsim.plan.cpu_adam import (
     overflow_scan_bytes_per_param,
     rank_threads,
 )
-from offsim.plan.deepspeed_versions import Z12LpUpload
+from offsim.plan.deepspeed_versions import Z3HostGrads, Z12LpUpload
 from offsim.plan.policy_plan import (
     build_context,
     dram_cache_bytes,
@@ -195,9 +195,11 @@ def overflow_scan(c: Ctx) -> Flow | None:
     """DeepSpeed ZeRO-3's fp16 overflow check at the step's start: isinf and isnan scans of the
     rank's host gradient accumulator (:func:`offsim.plan.cpu_adam.overflow_scan_bytes_per_param`,
     12 B per element in fp16; ``stage3.py::has_overflow``); None for bf16 (skipped,
-    ``_overflow_check_and_loss_scale_update``) or off DeepSpeed ZeRO-3's offload path."""
+    ``_overflow_check_and_loss_scale_update``), off DeepSpeed ZeRO-3's offload path, or in a
+    release that checks on the GPU (``strategy.z3_host_grads`` before v0.9.4, #3622)."""
     pr = c.cfg.workload.precision
-    if not fp.deepspeed_zero3_offload(c.cfg) or pr.params != "fp16":
+    if (not fp.deepspeed_zero3_offload(c.cfg) or pr.params != "fp16"
+            or Z3HostGrads(c.st.z3_host_grads) is not Z3HostGrads.FLAT_HOST_CHECK):
         return None
     bpp = overflow_scan_bytes_per_param(DTYPE_BYTES[pr.grads], c.st.overflow_check == "fused")
     return host_pass(whole(c.sz.local_params * bpp))
