@@ -4,6 +4,7 @@ character for character what rich writes, or is not written at all (rich writes 
 from __future__ import annotations
 
 import io
+import sys
 
 import pytest
 from rich.console import Console
@@ -84,7 +85,11 @@ def test_a_title_wider_than_the_table_falls_back() -> None:
     assert two_column_table("1234567890", rows, 80) is None
 
 
-def test_plain_only_off_a_terminal_and_without_forced_colour() -> None:
+def test_plain_only_off_a_terminal_and_without_forced_colour(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the suite's notebook tests import IPython, where writes_plain defers to rich (False): not here
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    monkeypatch.delitem(sys.modules, "idlelib", raising=False)
+
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
