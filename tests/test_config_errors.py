@@ -32,7 +32,8 @@ def test_missing_field_names_file_and_field(tmp_path: Path) -> None:
 def test_negative_bandwidth_is_refused(tmp_path: Path) -> None:
     bad = _variant(tmp_path, ROOT / "hardware_profiles/tiny.yaml",
                    lambda d: d["host_link"]["h2d"]["pinned"].update(bandwidth_gb_per_s=-1.0))
-    with pytest.raises(ConfigError, match=r"host_link\.h2d\.pinned\.bandwidth_gb_per_s: Input should be greater than 0"):
+    message = r"host_link\.h2d\.pinned\.bandwidth_gb_per_s: Input should be greater than 0"
+    with pytest.raises(ConfigError, match=message):
         load_profile(str(bad))
 
 
@@ -76,7 +77,7 @@ def test_unknown_name_lists_shipped(tmp_path: Path) -> None:
 def test_syntax_error_names_file(tmp_path: Path) -> None:
     bad = tmp_path / "broken.yaml"
     bad.write_text("gpu: [unclosed\n")
-    with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML"):
         read_yaml(bad)
 
 
@@ -89,7 +90,8 @@ def test_scientific_notation_reads_as_float(tmp_path: Path) -> None:
 def test_infeasible_config_reports_tier_need_and_capacity() -> None:
     from offsim import simulate
 
-    tiny_gpu = load_profile("tiny").model_copy(update={"gpu": load_profile("tiny").gpu.model_copy(update={"memory_gib": 0.5})})
+    tiny = load_profile("tiny")
+    tiny_gpu = tiny.model_copy(update={"gpu": tiny.gpu.model_copy(update={"memory_gib": 0.5})})
     r = simulate(make_run_config(tiny_gpu, "tiny", "gpu-only"))
     assert not r.feasible
     assert r.metrics.infeasible_tier == "gpu"

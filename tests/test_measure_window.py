@@ -21,7 +21,8 @@ def test_fit_window_by_hand() -> None:
     assert fit_window(fitted, MeasureWindow(lead=4, period=4)) is fitted  # idempotent
     assert fit_window(cfg, MeasureWindow()) is cfg  # most systems: nothing changes
     dpu = fit_window(cfg.model_copy(update={"warmup_iterations": 0}), MeasureWindow(lead=1, tail=1))
-    assert (dpu.iterations, dpu.warmup_iterations, dpu.tail_iterations, list(dpu.measured_range)) == (5, 1, 1, [1, 2, 3])
+    window = (dpu.iterations, dpu.warmup_iterations, dpu.tail_iterations, list(dpu.measured_range))
+    assert window == (5, 1, 1, [1, 2, 3])
 
 
 def test_windows_merge_to_satisfy_both() -> None:

@@ -224,7 +224,8 @@ def test_dos_backward_shrinks_as_in_the_sample_log() -> None:
     "copies into pinned buffers, or the bf16->fp32 gradient handling) is not in the artifact's logs or "
     "the paper at a level offsim can model. The sample log's own split, the artifact fork's prefetch_optimizer_gap "
     "2 (system_options), was not faster (3.57 vs 3.32 s) until its GPU sub-groups' gradients stayed on the GPU as the "
-    "fork keeps them: 3.09 vs 3.32 s, and with the fork's own 130 sub-groups (system_options megatron_layout, e6a44ee) the "
+    "fork keeps them: 3.09 vs 3.32 s, and with the fork's own 130 sub-groups (system_options megatron_layout, "
+    "e6a44ee) the "
     "gap-2 step is 3.70 vs 3.33 s, not faster, as in the log (tests/test_dos_fork.py)"))
 def test_dos_step_not_faster_than_vanilla_as_in_the_sample_log() -> None:
     van = run(vanilla())
