@@ -284,6 +284,11 @@ class Training(Frozen):
         activation_checkpointing: keep only each block's input and recompute the rest in
             backward (Chen et al. 2016; Megatron's full recompute).
         flash_attention: attention does not materialise the ``s x s`` score matrix.
+        megatron_attention_buffer: the training code is Megatron-LM / Megatron-DeepSpeed, whose
+            unfused attention (``flash_attention`` off) takes ``baddbmm``'s input, micro-batch x
+            heads x seq x seq in the compute format, from a ``GlobalMemoryBuffer`` that keeps it
+            from the first forward on (megatron/model/transformer.py ``CoreAttention.forward``,
+            megatron/core/utils.py ``GlobalMemoryBuffer.get_tensor``); off: other frameworks.
     """
 
     seq_len: int = Field(ge=1)
@@ -293,6 +298,7 @@ class Training(Frozen):
     tensor_parallel: int = Field(default=1, ge=1)
     activation_checkpointing: bool = True
     flash_attention: bool = True
+    megatron_attention_buffer: bool = False
 
     @property
     def tokens_per_micro_batch(self) -> int:
