@@ -61,6 +61,9 @@ def static_state(c: Ctx) -> StaticState:
     ipg = startup_ipg_buffer_bytes(c)
     if ipg > 0:  # kept from start-up, v0.6.0+ (offsim.plan.deepspeed_versions.Z3GradFlush.SAME_FLUSH)
         items.append(StaticItem(Tier.GPU, ipg, "IPG bucket buffer (stage3.py, kept from start-up)", TensorKind.BUFFER))
+    scores = megatron_attention_buffer_bytes(cfg)
+    if scores > 0:
+        items.append(StaticItem(Tier.GPU, scores, MEGATRON_ATTENTION_BUFFER, TensorKind.BUFFER))
     if fp.deepspeed_zero3_offload(cfg):
         items += _host_init_items(c)
         items += _flat_16bit_grad_items(c) if _flat_16bit_grads(c) else []
@@ -68,6 +71,38 @@ def static_state(c: Ctx) -> StaticState:
         nbytes = st.pinned_buffer_count * fp.round_pinned(st.pinned_buffer_bytes, st.host_allocator)
         items.append(StaticItem(Tier.HOST_PINNED, whole(nbytes), "pinned staging buffers"))
     return StaticState(tuple(i for i in items if i.nbytes != 0), whole(st.pinned_buffer_count * st.pinned_buffer_bytes))
+
+
+#: the item name of Megatron's attention buffer (:func:`megatron_attention_buffer_bytes`)
+MEGATRON_ATTENTION_BUFFER = "attention score buffer (Megatron GlobalMemoryBuffer, kept from the first forward)"
+
+
+def megatron_attention_buffer_bytes(cfg: RunConfig) -> int:
+    """Bytes of Megatron's persistent buffer for the unfused attention's score GEMM, per GPU; 0
+    without ``workload.training.megatron_attention_buffer`` or with flash attention.
+
+    Megatron-LM / Megatron-DeepSpeed's ``CoreAttention.forward`` (megatron/model/transformer.py)
+    takes ``torch.baddbmm``'s input, ``[b * np, sq, sk]`` in the query's format, from
+    ``get_global_memory_buffer().get_tensor(..., "mpu")`` (megatron/core/utils.py
+    ``GlobalMemoryBuffer``: one tensor per (name, dtype), allocated on first use, grown only when a
+    larger one is asked for, never freed), and ``baddbmm`` (beta 0) writes the scores to a new
+    tensor, so the buffer is held beside every activation from the first forward on; ``np`` is the
+    query heads of one tensor-parallel rank. The query is in the model's format (Megatron's
+    ``Float16Module`` casts the model to ``params_dtype``): ``precision.params``.
+
+    dos-7b (micro-batch 1, 32 heads, seq 2048, bf16): 1 x 32 x 2048^2 x 2 = 268,435,456 B; the
+    Deep Optimizer States vanilla log's MA before forward rises 12.02 -> 12.28 GiB after the first
+    iteration (DataStates/artifacts deep-optimizer-states 7B sample log).
+
+    offsim allocates it with the static state, at start-up rather than in the first forward: the
+    GPU holds no start-up transient it could add to (only the host's pin-by-copy sources are), so
+    the footprint and every steady iteration's peak are the same."""
+    wl = cfg.workload
+    t = wl.training
+    if not t.megatron_attention_buffer or t.flash_attention:
+        return 0
+    heads_per_rank = wl.model.heads // t.tensor_parallel
+    return whole(t.micro_batch * heads_per_rank * t.seq_len ** 2 * DTYPE_BYTES[wl.precision.params])
 
 
 def _optimizer_state(c: Ctx, nbytes: float) -> list[StaticItem]:
