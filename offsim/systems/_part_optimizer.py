@@ -218,9 +218,10 @@ def _dram_cache(c: Ctx, groups: list[float]) -> CacheSpec | None:
                      state, fetch, evict, persistent=True, writes_back=True)
 
 
-def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimizer:
+def optimizer(c: Ctx, split: GpuSplit | None = None, groups: list[float] | None = None) -> CpuOptimizer | GpuOptimizer:
     """The optimizer step: on the GPU, layer-wise inside backward, or on the CPU per sub-group
-    (``split``: sub-groups that may be streamed through the GPU instead, decided at run time)."""
+    (``split``: sub-groups that may be streamed through the GPU instead, decided at run time;
+    ``groups``: the host sub-groups' parameters, default :func:`subgroups`' equal ones)."""
     sz, st = c.sz, c.st
     n = len(c.layers)
     if c.layerwise:
@@ -230,7 +231,7 @@ def optimizer(c: Ctx, split: GpuSplit | None = None) -> CpuOptimizer | GpuOptimi
         gather = c.collective(sz.param_bytes, 1.0) if st.zero_stage in (1, 2) else None
         return GpuOptimizer(sz.local_params * bpp / c.cfg.hardware.gpu.hbm_bytes_per_s, gather, n,
                             _zero3_step_transient(c))
-    groups = subgroups(c)
+    groups = subgroups(c) if groups is None else groups
     cache = _dram_cache(c, groups)
     on_storage = st.placement.optimizer_states == "nvme"
     bypass = None

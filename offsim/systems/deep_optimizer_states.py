@@ -45,6 +45,8 @@ from offsim.plan.optimizer_split import (
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
 from offsim.systems._part_optimizer import _group_io as group_io
+from offsim.systems._part_optimizer import _step_period as step_period
+from offsim.systems._part_optimizer import optimizer
 from offsim.systems._parts import Ctx, Variants, build_ctx, gpu_adam_bpp, optimizer_dram_bpp, standard, subgroups, whole
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_split"})
@@ -78,10 +80,11 @@ FORK_NOTE = ("prefetch_optimizer_gap: the fork's fixed split over DeepSpeed's ow
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """The standard mechanisms, the CPU optimizer carrying the GPU split when it is on; with the
-    fork's fixed gap, the fork's own sub-groups and step (:func:`fork_system`)."""
+    fork's fixed gap, the fork's own sub-groups and step (:func:`fork_system`); the fixed split with
+    ``megatron_layout``, DeepSpeed's own sub-groups of that layout (:func:`layout_system`)."""
     c = build_ctx(cfg, sz, Variants(deepspeed_grads=True))  # DeepSpeed ZeRO-3's partition_grads
     if c.st.optimizer_split != "perf-model":
-        return standard(c)
+        return layout_system(c) if read_options(c.st, Options).megatron_layout else standard(c)
     gap = read_options(c.st, Options).prefetch_optimizer_gap
     if gap is None:
         return standard(c, gpu_split(c, subgroups(c)), (NOTE,))
@@ -99,6 +102,39 @@ def fork_groups(c: Ctx) -> list[int]:
         return fp.deepspeed_sub_groups(fp.param_partitions(c.cfg, c.sz), c.st.sub_group_params)
     parts = [math.ceil(n / c.sz.param_part) for n in tensors]
     return fp.deepspeed_sub_groups(parts, c.st.sub_group_params)
+
+
+def layout_system(c: Ctx) -> System:
+    """The fixed split (every sub-group on the CPU: vanilla ZeRO-3 offload, the artifact's
+    ``prefetch_optimizer 0`` run) on DeepSpeed's own sub-groups of the Megatron layout
+    (:func:`fork_groups`), not offsim's equal ones: the sub-group loop of stage3.py ``step`` (CPU
+    Adam, the 16-bit cast and its blocking upload, one per sub-group) and each sub-group's fp32
+    gradient, pinned on its own and so rounded up on its own by the caching host allocator
+    (``initialize_optimizer_states``: zeros + pinned copy per sub-group, deepspeed_runtime.md 13).
+    The vanilla 7B log counts 130 (``After creating fp16 partitions: 130``)."""
+    system = standard(c)
+    static = system.mechanisms["static"]
+    groups = [float(p) for p in fork_groups(c)]
+    layout_opt = optimizer(c, None, groups)
+    on_cpu = isinstance(system.mechanisms["optimizer"], CpuOptimizer) and c.st.optimizer_gpu_fraction == 0.0
+    if not (on_cpu and isinstance(layout_opt, CpuOptimizer) and isinstance(static, StaticState)):
+        return system  # a share kept on the GPU: fork_groups covers every parameter, so the equal ones stay
+    mechs = {**system.mechanisms, "optimizer": cast("Mechanism", layout_opt),
+             "static": cast("Mechanism", layout_static(c, static, groups))}
+    return dataclasses.replace(system, mechanisms=mechs, step_period=step_period(layout_opt.orders))
+
+
+def layout_static(c: Ctx, static: StaticState, groups: list[float]) -> StaticState:
+    """``static`` with the pinned host gradients (``grads (optimizer format)``) rounded per
+    sub-group of ``groups`` (parameters each) instead of per equal sub-group: the fp32 gradient of
+    every sub-group is its own pinned tensor (:func:`layout_system`)."""
+    st, what = c.st, "grads (optimizer format)"
+    if not (st.pin_memory and st.host_allocator == "caching"):
+        return static
+    hg = c.sz.host_grad_bytes_per_param
+    items = tuple(dataclasses.replace(i, nbytes=whole(sum(fp.round_pinned(p * hg, "caching") for p in groups)))
+                  if i.what == what and i.tier is Tier.HOST_PINNED else i for i in static.items)
+    return dataclasses.replace(static, items=items)
 
 
 def megatron_tensors(c: Ctx) -> list[int] | None:
