@@ -57,15 +57,19 @@ class RangeUsed:
     """One assumed range that applied to the run, with the values of the run it scales."""
 
     id: str
-    scale: tuple[float, float]  # the factor's range, drawn log-uniformly
-    values: tuple[tuple[str, float | None], ...]  # (path, the run's value; None for a curve)
+    scale: tuple[float, float] | None  # the factor's range, drawn log-uniformly (None: a choice)
+    values: tuple[tuple[str, Any], ...]  # (path, the run's value; None for a curve)
     source: str
     origin: str = "assumptions file"  # or "hardware profile" / "workload": the file's own ``assumed``
+    choices: tuple[Any, ...] | None = None  # a discrete range: the values drawn among
+    weights: tuple[float, ...] | None = None  # their weights (None: uniform)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form."""
-        return {"id": self.id, "scale": list(self.scale), "values": dict(self.values), "source": self.source,
-                "origin": self.origin}
+        return {"id": self.id, "scale": None if self.scale is None else list(self.scale),
+                "choices": None if self.choices is None else list(self.choices),
+                "weights": None if self.weights is None else list(self.weights),
+                "values": dict(self.values), "source": self.source, "origin": self.origin}
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ class Misfit:
     draw: int  # 1-based
     tier: str | None
     reason: str
-    factors: tuple[tuple[str, float], ...]  # (range id, factor)
+    factors: tuple[tuple[str, Any], ...]  # (range id, factor; or the value chosen)
     rule: BrokenRule | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,7 +100,7 @@ class RunIntervals:
     iteration_time_s: Quantiles | None  # over the draws that fit; None when none fits
     peak_bytes: dict[str, Quantiles]  # tier -> over the draws that fit
     misfits: tuple[Misfit, ...]
-    factors: tuple[tuple[tuple[str, float], ...], ...] = ()  # per draw: (range id, factor)
+    factors: tuple[tuple[tuple[str, Any], ...], ...] = ()  # per draw: (range id, factor or choice)
     draw_times_s: tuple[float | None, ...] = ()  # per draw: its iteration time (None: does not fit)
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,16 +135,19 @@ def ranges_used(models: Models, assumptions: Sequence[Assumption]) -> list[Range
     for a in assumptions:
         if not applies(a, models):
             continue
-        values = []
+        values: list[tuple[str, Any]] = []
         for p in a.paths:
             v = run_value(models, p)
-            values.append((p, float(v) if isinstance(v, int | float) else None))
+            number = isinstance(v, int | float) and not isinstance(v, bool)
+            values.append((p, float(v) if number else v if a.is_choice else None))
         origin = DECLARING.get(a.id.split(":")[0], "assumptions file")
-        out.append(RangeUsed(a.id, a.scale, tuple(values), " ".join(a.source.split()), origin))
+        out.append(RangeUsed(a.id, a.scale, tuple(values), " ".join(a.source.split()), origin,
+                             None if a.choices is None else tuple(a.choices),
+                             None if a.weights is None else tuple(a.weights)))
     return out
 
 
-def _misfit(index: int, metrics: Any, factors: tuple[tuple[str, float], ...]) -> Misfit:
+def _misfit(index: int, metrics: Any, factors: tuple[tuple[str, Any], ...]) -> Misfit:
     return Misfit(index, metrics.infeasible_tier, str(metrics.infeasible_reason), factors)
 
 

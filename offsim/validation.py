@@ -29,10 +29,11 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from offsim import simulate  # the public entry point (resolves searched values, then simulates)
 from offsim.config.base import Frozen
+from offsim.config.case_assumed import CaseAssumed, check_case_assumed, check_keys
 from offsim.config.hardware import HardwareProfile
 from offsim.config.loading import load_profile, load_strategy, load_workload, read_yaml, validate_data
 from offsim.config.run import RunConfig, make_run_config
@@ -149,6 +150,15 @@ class ValidationCase(Frozen):
     role: Literal["validation", "calibration"] = "validation"
     known_miss: str | None = None  # why offsim misses this case today (tests expect the miss)
     notes: str = ""
+    # inputs the case's own source leaves unknown, with their ranges (offsim.config.case_assumed):
+    # drawn by `offsim validate --samples N` in place of other ranges on the same fields
+    assumed: dict[str, CaseAssumed] = Field(default_factory=dict)
+
+    @field_validator("assumed")
+    @classmethod
+    def _assumed_keys(cls, assumed: dict[str, CaseAssumed]) -> dict[str, CaseAssumed]:
+        check_keys(assumed)
+        return assumed
 
     @model_validator(mode="after")
     def _consistent(self) -> ValidationCase:
@@ -203,8 +213,17 @@ def _groups(cases: Sequence[ValidationCase]) -> dict[str, list[ValidationCase]]:
 
 
 def load_cases(path: Path) -> list[ValidationCase]:
-    """Read and validate a cases file; errors name the file and the field."""
-    return validate_data(CasesFile, read_yaml(path), str(path)).cases
+    """Read and validate a cases file; errors name the file and the field (a case's ``assumed``
+    checked against its run: :func:`~offsim.config.case_assumed.check_case_assumed`)."""
+    cases = validate_data(CasesFile, read_yaml(path), str(path)).cases
+    for i, case in enumerate(cases):
+        if case.assumed:
+            models = dict(zip(("hardware", "workload", "strategy"), case_models(case), strict=True))
+            try:
+                check_case_assumed(case.assumed, models)
+            except ValueError as exc:
+                raise ConfigError(f"{path}: cases.{i} ({case.id}).{exc}") from None
+    return cases
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:

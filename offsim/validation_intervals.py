@@ -29,7 +29,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ from pydantic import Field, ValidationError, model_validator
 from offsim import simulate
 from offsim.config.assumed import field_at
 from offsim.config.base import Frozen
+from offsim.config.case_assumed import check_choices, field_of
 from offsim.config.loading import read_yaml, validate_data
 from offsim.config.run import RunConfig, make_run_config
 from offsim.errors import ConfigError
@@ -70,11 +71,17 @@ Residual = tuple[ValidationCase, MeasureResult, float]  # a figure of a case and
 
 # ----------------------------------------------------------------------------- the ranges
 class Assumption(Frozen):
-    """A range of assumed input values: one factor, drawn log-uniformly, on every path."""
+    """A range of assumed input values: one factor, drawn log-uniformly, on every path (``scale``);
+    or a discrete choice (``choices``, drawn with ``weights``, uniform when none), e.g. the
+    DeepSpeed version switches (:mod:`offsim.plan.deepspeed_versions`) of the releases a case's
+    source allows. A choice is the value of every path, or a mapping of each path to its value
+    (one release sets several switches)."""
 
     id: str = Field(min_length=1)
     paths: list[str] = Field(min_length=1)
-    scale: tuple[float, float] = Field(strict=False)  # YAML gives a list
+    scale: tuple[float, float] | None = Field(default=None, strict=False)  # YAML gives a list
+    choices: list[Any] | None = Field(default=None, min_length=1)
+    weights: list[float] | None = None
     clip: tuple[float, float] | None = Field(default=None, strict=False)
     when: dict[str, Any] = Field(default_factory=dict)
     source: str = Field(min_length=1)
@@ -82,13 +89,29 @@ class Assumption(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> Assumption:
-        low, high = self.scale
-        if not 0 < low <= 1 <= high:
-            raise ValueError(f"scale [{low}, {high}] must hold 1 with 0 < low <= 1 <= high")
         for path in [*self.paths, *self.when]:
             if path.split(".")[0] not in _PARTS or "." not in path:
                 raise ValueError(f"path '{path}' must start with hardware., workload. or strategy.")
+        if (self.scale is None) == (self.choices is None):
+            raise ValueError("give exactly one of scale and choices")
+        if self.scale is not None:
+            low, high = self.scale
+            if not 0 < low <= 1 <= high:
+                raise ValueError(f"scale [{low}, {high}] must hold 1 with 0 < low <= 1 <= high")
+            if self.weights is not None:
+                raise ValueError("weights go with choices, not scale")
+            return self
+        check_choices(self.choices or [], self.weights, self.paths)
         return self
+
+    @property
+    def is_choice(self) -> bool:
+        """A discrete choice (``choices``), not a factor range."""
+        return self.choices is not None
+
+    def value_of(self, choice: Any, path: str) -> Any:
+        """What ``choice`` sets at ``path`` (a mapping's entry, or the choice itself)."""
+        return choice[path] if isinstance(choice, dict) else choice
 
 
 class AssumptionsFile(Frozen):
@@ -134,10 +157,18 @@ def _get(models: Models, dotted: str) -> Any:
     return node
 
 
+def has_field(models: Models, dotted: str) -> bool:
+    """``dotted`` names a field of ``models`` (its value may be None), or a key of a dict field."""
+    return field_of(models, dotted)[0]
+
+
 def applies(assumption: Assumption, models: Models) -> bool:
-    """Every path of ``assumption`` is a number (or a curve) in ``models`` and its ``when`` holds."""
+    """Its ``when`` holds, and every path is a number (or a curve) in ``models`` (a choice: a field
+    of ``models``)."""
     if any(str(_get(models, p)) != str(v) for p, v in assumption.when.items()):
         return False
+    if assumption.is_choice:
+        return all(has_field(models, p) for p in assumption.paths)
     return all(isinstance(_get(models, p), int | float | list) for p in assumption.paths)
 
 
@@ -177,13 +208,24 @@ def run_value(models: Models, path: str) -> Any:
     return _effective_cpu_rate(models) if path == _CPU_RATE else _get(models, path)
 
 
-def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models:
-    """``models`` with each assumption's factor applied, in order (each re-validated, so a
-    derived value such as the CPU Adam rate follows a scaled DRAM bandwidth). A value that breaks
-    a rule of its file raises :class:`DrawRuleError` (a ConfigError) naming the file, the field
-    and the range."""
+#: What one draw gives a range: a factor (``scale``), or the value chosen (``choices``).
+Drawn = Any
+
+
+def _drawn_value(a: Assumption, drawn: Drawn, models: Models, path: str) -> Any:
+    """The value ``path`` takes in a draw: the chosen value, or the run's value times the factor."""
+    if a.is_choice:
+        return a.value_of(drawn, path)
+    return _scaled(run_value(models, path), drawn, a.clip)
+
+
+def perturb(models: Models, draws: Iterable[tuple[Assumption, Drawn]]) -> Models:
+    """``models`` with each assumption's factor (or choice) applied, in order (each re-validated,
+    so a derived value such as the CPU Adam rate follows a scaled DRAM bandwidth). A value that
+    breaks a rule of its file raises :class:`DrawRuleError` (a ConfigError) naming the file, the
+    field and the range."""
     out = dict(models)
-    for a, factor in draws:
+    for a, drawn in draws:
         for part in _PARTS:
             paths = [p for p in a.paths if p.split(".")[0] == part]
             if not paths:
@@ -191,8 +233,7 @@ def perturb(models: Models, draws: Iterable[tuple[Assumption, float]]) -> Models
             data = out[part].model_dump()
             data.pop("assumed", None)  # the file's own ranges, drawn already: a draw's value may sit at their edge
             for p in paths:
-                value = run_value(out, p)
-                _set(data, p.split(".")[1:], _scaled(value, factor, a.clip))
+                _set(data, p.split(".")[1:], _drawn_value(a, drawn, out, p))
                 if p == _CPU_RATE:  # scaled as the override it now is
                     data["cpu"]["optimizer_rate_origin"] = "measured"
             try:
@@ -254,7 +295,7 @@ def broken_rule(part: str, model: Any, exc: ValidationError, assumption: str | N
     return BrokenRule(file, f"{part}.{loc}" if loc else part, msg, assumption)
 
 
-def drawn_config(models: Models, factors: Sequence[tuple[Assumption, float]], *, iterations: int = 3,
+def drawn_config(models: Models, factors: Sequence[tuple[Assumption, Drawn]], *, iterations: int = 3,
                  warmup: int = 1) -> RunConfig | BrokenRule:
     """The configuration one draw makes, or the rule its values break (a file's field, or a rule
     across the files: then the whole message of :func:`~offsim.config.run.make_run_config`)."""
@@ -284,17 +325,40 @@ def declared_ranges(models: Models) -> list[Assumption]:
     return out
 
 
-def with_declared(models: Models, shipped: Sequence[Assumption]) -> list[Assumption]:
-    """The files' own ranges first, then the shipped ranges less the fields the files declare
-    (a shipped range left with no field is dropped)."""
+def case_ranges(case: ValidationCase, models: Models) -> list[Assumption]:
+    """The ranges a validation case declares under ``assumed`` (:mod:`offsim.config.case_assumed`)
+    for the inputs its own source leaves unknown, as factor ranges of the case's values or as
+    choices; each is named ``case:<key>``."""
+    out = []
+    for key, r in case.assumed.items():
+        paths = r.paths(key)
+        if r.choices is not None:
+            out.append(Assumption(id=f"case:{key}", paths=paths, choices=r.choices, weights=r.weights,
+                                  source=r.why))
+            continue
+        scale = r.scale
+        if r.range is not None:
+            value = float(field_of(models, key)[1])
+            scale = (r.range[0] / value, r.range[1] / value)
+        out.append(Assumption(id=f"case:{key}", paths=paths, scale=scale, source=r.why))
+    return out
+
+
+def with_declared(models: Models, shipped: Sequence[Assumption], case_own: Sequence[Assumption] = ()
+                  ) -> list[Assumption]:
+    """The files' own ranges first, then the shipped ranges, each less the fields declared before
+    it or by the case (a range left with no field is dropped), then the case's own ranges (last, so
+    that a case without any draws the others as before)."""
     own = declared_ranges(models)
-    taken = {p for a in own for p in a.paths}
+    taken = {p for a in case_own for p in a.paths}
     kept = []
-    for a in shipped:
+    for a in [*own, *shipped]:
         paths = [p for p in a.paths if p not in taken]
         if paths:
             kept.append(a if len(paths) == len(a.paths) else a.model_copy(update={"paths": paths}))
-    return [*own, *kept]
+        if a in own:
+            taken |= set(paths)
+    return [*kept, *case_own]
 
 
 def latin_hypercube(n: int, k: int, rng: random.Random) -> list[list[float]]:
@@ -307,8 +371,18 @@ def latin_hypercube(n: int, k: int, rng: random.Random) -> list[list[float]]:
     return [[columns[j][i] for j in range(k)] for i in range(n)]
 
 
-def _factor(a: Assumption, u: float) -> float:
-    low, high = a.scale
+def draw_one(a: Assumption, u: float) -> Drawn:
+    """The factor (log-uniform over ``scale``) or the choice (by cumulative ``weights``, uniform
+    when none) at the point ``u`` in [0, 1) of the range's axis."""
+    if a.choices is not None:
+        weights = a.weights or [1.0] * len(a.choices)
+        total, edge = sum(weights), 0.0
+        for choice, w in zip(a.choices, weights, strict=True):
+            edge += w / total
+            if u < edge:
+                return choice
+        return a.choices[-1]
+    low, high = a.scale or (1.0, 1.0)
     return math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
 
 
@@ -320,6 +394,19 @@ class Draws:
     samples: int
     feasible: int  # draws that fit
     values: dict[str, tuple[float, ...]]  # metric -> its value in each draw that fit
+    # per draw that fits: each range's place in its range (0 = low end or first choice, 1 = high
+    # end or last), and the metrics read from it (what drives a figure: :func:`drivers`)
+    rows: tuple[tuple[dict[str, float], dict[str, float]], ...] = ()
+
+
+def position(a: Assumption, drawn: Drawn) -> float:
+    """Where a draw sits in its range, in [0, 1]: the log of the factor between the ends, or the
+    choice's index (its middle) among the choices."""
+    if a.choices is not None:
+        index = next((i for i, c in enumerate(a.choices) if c == drawn), 0)
+        return (index + 0.5) / len(a.choices)
+    low, high = a.scale or (1.0, 1.0)
+    return 0.5 if high == low else math.log(drawn / low) / math.log(high / low)
 
 
 def simulate_draw(drawn: RunConfig | BrokenRule) -> RunMetrics | BrokenRule:
@@ -336,33 +423,35 @@ def simulate_draw(drawn: RunConfig | BrokenRule) -> RunMetrics | BrokenRule:
 
 def drawn_configs(models: Models, chosen: Sequence[Assumption], samples: int, seed: str, *,
                   iterations: int = 3, warmup: int = 1
-                  ) -> Iterator[tuple[list[tuple[Assumption, float]], RunConfig | BrokenRule]]:
+                  ) -> Iterator[tuple[list[tuple[Assumption, Drawn]], RunConfig | BrokenRule]]:
     """``samples`` Latin-hypercube draws of the ranges ``chosen`` (each applying to ``models``):
     per draw, each range's factor and the configuration it makes, or the rule of the input files
     its values break (:func:`drawn_config`: such a draw does not fit). Reproducible for a ``seed``."""
     for row in latin_hypercube(samples, len(chosen), random.Random(seed)):
-        factors = [(a, _factor(a, u)) for a, u in zip(chosen, row, strict=True)]
+        factors = [(a, draw_one(a, u)) for a, u in zip(chosen, row, strict=True)]
         yield factors, drawn_config(models, factors, iterations=iterations, warmup=warmup)
 
 
 def sample_inputs(models: Models, assumptions: Sequence[Assumption], samples: int, seed: str,
                   metric_fn: Callable[[RunMetrics, RunConfig], dict[str, float | None]],
-                  on_draw: Callable[[], None] | None = None) -> Draws:
-    """Simulate ``samples`` Latin-hypercube draws of the ranges that apply to ``models``;
-    ``metric_fn`` reads what is wanted from each run that fits. Reproducible for a ``seed``."""
-    chosen = [a for a in with_declared(models, assumptions) if applies(a, models)]
+                  on_draw: Callable[[], None] | None = None, case_own: Sequence[Assumption] = ()) -> Draws:
+    """Simulate ``samples`` Latin-hypercube draws of the ranges that apply to ``models`` (a case's
+    own ranges, ``case_own``, in place of others on their fields); ``metric_fn`` reads what is
+    wanted from each run that fits. Reproducible for a ``seed``."""
+    chosen = [a for a in with_declared(models, assumptions, case_own) if applies(a, models)]
     values: dict[str, list[float]] = {}
-    feasible = 0
-    for _factors, cfg in drawn_configs(models, chosen, samples, seed):
+    rows = []
+    for factors, cfg in drawn_configs(models, chosen, samples, seed):
         metrics = simulate_draw(cfg)  # a draw that breaks a rule does not fit
         if not isinstance(metrics, BrokenRule) and metrics.feasible and isinstance(cfg, RunConfig):
-            feasible += 1
-            for name, v in metric_fn(metrics, cfg).items():
-                if v is not None:
-                    values.setdefault(name, []).append(v)
+            read = {name: v for name, v in metric_fn(metrics, cfg).items() if v is not None}
+            rows.append(({a.id: position(a, f) for a, f in factors}, read))
+            for name, v in read.items():
+                values.setdefault(name, []).append(v)
         if on_draw is not None:
             on_draw()
-    return Draws(tuple(a.id for a in chosen), samples, feasible, {k: tuple(v) for k, v in values.items()})
+    return Draws(tuple(a.id for a in chosen), samples, len(rows), {k: tuple(v) for k, v in values.items()},
+                 tuple(rows))
 
 
 def input_quantiles(hardware: Any, workload: Any, strategy: Any, assumptions: Sequence[Assumption],
@@ -391,8 +480,9 @@ def case_draws(case: ValidationCase, assumptions: Sequence[Assumption], samples:
     def read(m: RunMetrics, cfg: RunConfig) -> dict[str, float | None]:
         return {name: metric_value(m, name, cfg) for name in metrics}
 
-    return sample_inputs({"hardware": hw, "workload": wl, "strategy": st}, assumptions, samples,
-                         f"{seed}:{case.id}", read, on_draw)
+    models = {"hardware": hw, "workload": wl, "strategy": st}
+    return sample_inputs(models, assumptions, samples, f"{seed}:{case.id}", read, on_draw,
+                         case_ranges(case, models))
 
 
 # ----------------------------------------------------------------------------- intervals
@@ -440,6 +530,61 @@ def _from_ratios(source: str, metric: str, predicted: float, ratios: Sequence[fl
     return Interval(source, low, qs[1], high, basis)
 
 
+#: Smallest rank correlation with a figure for a range to be named among its drivers.
+MIN_RHO = 0.3
+
+
+@dataclass(frozen=True)
+class Driver:
+    """An assumed range that moves a figure over the draws: Spearman's rank correlation between
+    where the range's draw sits (:func:`position`) and the figure (+1: its high end or last choice
+    gives the highest values)."""
+
+    id: str
+    rho: float
+
+    def text(self) -> str:
+        """``gpu-reserved (rho +0.93)``."""
+        return f"{self.id} (rho {self.rho:+.2f})"
+
+
+def _ranks(xs: Sequence[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):  # ties share their mean rank
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (Pearson's on mean ranks); None below 3 points or when either
+    side is constant."""
+    if len(xs) < 3:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return None if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
+
+
+def drivers(draws: Draws, metric: str) -> tuple[Driver, ...]:
+    """The ranges whose draws move ``metric`` (|rho| at least :data:`MIN_RHO`), strongest first."""
+    rows = [(pos, vals[metric]) for pos, vals in draws.rows if metric in vals]
+    found = []
+    for rid in draws.assumptions:
+        rho = spearman([p[rid] for p, _ in rows], [v for _, v in rows])
+        if rho is not None and abs(rho) >= MIN_RHO:
+            found.append(Driver(rid, rho))
+    return tuple(sorted(found, key=lambda d: -abs(d.rho)))
+
+
 @dataclass(frozen=True)
 class FigureIntervals:
     """One published figure of a case with its point prediction and its intervals."""
@@ -452,9 +597,10 @@ class FigureIntervals:
     predicted: float | None
     intervals: dict[str, Interval] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)  # source -> why it has no interval
+    drivers: tuple[Driver, ...] = ()  # the assumed ranges that move it over the input draws
 
     def row(self) -> dict[str, Any]:
-        """A flat row: p10/p50/p90, covered and sharpness per source."""
+        """A flat row: p10/p50/p90, covered and sharpness per source; why it is uncovered."""
         out: dict[str, Any] = {"id": self.case_id, "metric": self.metric, "kind": str(self.kind),
                                "measured": self.measured, "predicted": self.predicted}
         for s in SOURCES:
@@ -462,7 +608,30 @@ class FigureIntervals:
             out.update({f"{s}_p10": iv and iv.low, f"{s}_p50": iv and iv.mid, f"{s}_p90": iv and iv.high,
                         f"{s}_covers": iv and iv.covers(self.measured),
                         f"{s}_basis": iv.basis if iv else self.missing.get(s)})
+        out["drivers"] = [d.text() for d in self.drivers]
+        out["uncovered"] = self.uncovered()
         return out
+
+    def uncovered(self) -> str | None:
+        """Why a source's interval leaves the measured value out (None when every interval holds
+        it): on which side, and which assumed inputs move the figure (:func:`drivers`), or that
+        none does, so the gap is offsim's model, not the inputs."""
+        out = [s for s, iv in self.intervals.items() if not iv.covers(self.measured)]
+        if not out:
+            return None
+        sides = []
+        for s in out:
+            iv = self.intervals[s]
+            above = self.measured > iv.high
+            sides.append(f"{s} {'above p90' if above else 'below p10'} {iv.high if above else iv.low:.4g}")
+        inputs = self.intervals.get("inputs")
+        if inputs is None:
+            moved = f"no input interval ({self.missing.get('inputs', 'none')})"
+        elif self.drivers:
+            moved = "moved by " + ", ".join(d.text() for d in self.drivers)
+        else:
+            moved = f"no assumed input moves it (inputs p90/p10 {inputs.sharpness:.3f}): the gap is the model's"
+        return f"measured {self.measured:.4g}: {'; '.join(sides)}; {moved}"
 
 
 def _residuals(results: Sequence[CaseResult]) -> list[Residual]:
@@ -496,9 +665,10 @@ def _figure(r: CaseResult, m: MeasureResult, draws: Draws | None, residuals: Seq
             fig.missing[s] = "no point prediction (offsim rejects the case)"
         return fig
     u = [time_ratio(m.metric, v, m.predicted) for v in (draws.values.get(m.metric, ()) if draws else ())]
-    if u:
+    if u and draws is not None:
         fig.intervals["inputs"] = _from_ratios("inputs", m.metric, m.predicted, u,
-                                               f"{len(u)} of {draws.samples if draws else 0} input draws")
+                                               f"{len(u)} of {draws.samples} input draws")
+        fig = replace(fig, drivers=drivers(draws, m.metric))
     else:
         fig.missing["inputs"] = "no input draws" if draws is None else "no input draw fits"
     pool, basis = _held_out_pool(r.case, m.kind, residuals, holdout)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from offsim.config.run import RunConfig
     from offsim.intervals import RunIntervals
     from offsim.results import RunResult
+    from offsim.validation_intervals import FigureIntervals
 
 #: Draws that do not fit printed one per line; the rest are counted (``--json`` lists all).
 MISFIT_LINES = 5
@@ -67,8 +68,9 @@ def intervals_lines(iv: RunIntervals, assumptions: Path | None) -> list[str]:
     """Fits in k of N; each draw that does not fit (tier, reason, factors; or the rule of the
     files its values break); the ranges applied."""
     lines = [f"fits in {iv.fits} of {iv.samples} draws of the assumed inputs"]
+    choice = {r.id for r in iv.ranges if r.choices is not None}
     for m in iv.misfits[:MISFIT_LINES]:
-        drawn = ", ".join(f"{name} x{f:.3g}" for name, f in m.factors)
+        drawn = ", ".join(f"{name} = {f}" if name in choice else f"{name} x{f:.3g}" for name, f in m.factors)
         tier = "" if m.tier is None else f" ({m.tier})"  # None: its values break a rule of the files
         lines.append(f"  draw {m.draw} does not fit{tier}: {m.reason}; drawn: {drawn}")
     if len(iv.misfits) > MISFIT_LINES:
@@ -77,9 +79,37 @@ def intervals_lines(iv: RunIntervals, assumptions: Path | None) -> list[str]:
     lines.append(f"ranges that applied ({where}; each factor drawn log-uniformly, sources in --json):"
                  if iv.ranges else f"no range of {where} applies to this configuration")
     for r in iv.ranges:
-        values = ", ".join(f"{p} = {'curve' if v is None else f'{v:.4g}'}" for p, v in r.values)
+        values = ", ".join(f"{p} = {_value(v)}" for p, v in r.values)
         origin = "" if r.origin == "assumptions file" else f" ({r.origin})"
-        lines.append(f"  {r.id}{origin} x{r.scale[0]:.3g}-x{r.scale[1]:.3g}: {values}")
+        lines.append(f"  {r.id}{origin} {_range_text(r.scale, r.choices, r.weights)}: {values}")
+    return lines
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "curve"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _range_text(scale: tuple[float, float] | None, choices: tuple[Any, ...] | None,
+                weights: tuple[float, ...] | None) -> str:
+    """``x0.8-x1.08``, or ``one of a, b`` (with ``weights 12:23`` when not uniform)."""
+    if choices is None:
+        low, high = scale or (1.0, 1.0)
+        return f"x{low:.3g}-x{high:.3g}"
+    weighted = "" if weights is None else " weights " + ":".join(f"{w:g}" for w in weights)
+    return "one of " + ", ".join(map(str, choices)) + weighted
+
+
+def uncovered_lines(figures: list[FigureIntervals]) -> list[str]:
+    """One line per validation figure that an interval leaves out: on which side of which
+    source's interval the measured value lies and which assumed inputs move the figure, or that
+    none does (:meth:`~offsim.validation_intervals.FigureIntervals.uncovered`)."""
+    out = [(f, why) for f in figures if f.role == "validation" and (why := f.uncovered()) is not None]
+    if not out:
+        return []
+    lines = ["figures an interval leaves out, and the assumed inputs that move them (rank correlation over the draws):"]
+    lines.extend(f"  {f.case_id} {f.metric}: {why}" for f, why in out)
     return lines
 
 
