@@ -153,7 +153,7 @@ def _boundary_gpu_work(c: Ctx, local: float, biggest: float, gpu_cast: bool, swa
 
 
 def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fresh: float = 0.0,
-                     biggest: float = 0.0) -> dict[str, Any]:
+                     biggest: float = 0.0, round_trip: float | None = None) -> dict[str, Any]:
     """A layer's :class:`LayerGrads` fields on DeepSpeed's ZeRO-3 path (``local``: its gradient
     elements on this rank; ``hg``: host bytes per element; ``swap_pool_units``: the gradient
     swapper's pool when gradients are on NVMe, else 0). The round trip is pinned iff
@@ -167,15 +167,20 @@ def _deepspeed_grads(c: Ctx, local: float, hg: float, swap_pool_units: int, fres
     ``biggest``: the largest partition's elements, for the boundary's norms
     (:func:`_boundary_gpu_work`), which every release and both forks compute whenever the
     optimizer is offloaded. MLP-Offload's 16-bit host gradients (``delayed_grad_conversion``)
-    have no boundary copy."""
+    have no boundary copy. ``round_trip``: the elements of the per-micro-batch round trip and the
+    boundary norms when they differ from ``local`` (Twin-Flow: every partition goes through
+    ``grad_partitions_flat_buffer``, the GPU sub-groups' too; deepspeed_runtime.md §3 "With
+    Twin-Flow the round trip also applies to params whose sub-group steps on the GPU"), while
+    ``local`` is the CPU sub-groups' share that the boundary copies down."""
     st = c.st
     mode = Z3Fp32GradCopy(st.z3_fp32_grad_copy)
     nvme = st.placement.grads == "nvme" and not st.delayed_grad_conversion
     gpu_cast = nvme or (mode is not Z3Fp32GradCopy.CPU_UPCAST_BLOCKING and not st.delayed_grad_conversion)
-    fields: dict[str, Any] = _boundary_gpu_work(c, local, biggest, gpu_cast, nvme)
+    every = local if round_trip is None else round_trip
+    fields: dict[str, Any] = _boundary_gpu_work(c, every, biggest, gpu_cast, nvme)
     if _round_trip(c):
-        fields["roundtrip_h2d"] = c.paths.dma(True, whole(local * c.bpp_grad), st.pin_memory)
-    if st.delayed_grad_conversion:
+        fields["roundtrip_h2d"] = c.paths.dma(True, whole(every * c.bpp_grad), st.pin_memory)
+    if st.delayed_grad_conversion or local <= 0:  # (all of it updated on the GPU: nothing leaves)
         return fields
     if nvme:  # the gradient swapper: GPU cast, blocking copy into its buffers
         fields.update(boundary_d2h=c.paths.dma(False, whole(local * hg), _swap_buffers_pinned(c)),
@@ -219,14 +224,15 @@ def _bucket_flows(c: Ctx, bucket: ReduceBucket, swap_pool_units: int) -> LayerGr
     st, sz = c.st, c.sz
     full = bucket.elements * c.bpp_grad
     local = sum(n / sz.grad_part * c.host_share[u] for u, n in bucket.pieces)
+    every = sum(n / sz.grad_part for _, n in bucket.pieces)  # the round trip's: every partition
     hg = sz.host_grad_bytes_per_param
     nvme = st.placement.grads == "nvme"
     ds = _deepspeed_grads(c, local, hg, swap_pool_units, _fresh_temp_bytes(c, bucket.pieces),
-                          _largest_partition(c, bucket.pieces)) if local > 0 else {}
+                          _largest_partition(c, bucket.pieces), every) if every > 0 else {}
     factor = 2.0 if st.zero_stage < 2 or _in_place_all_reduce(c, bucket.elements) else 1.0
     return LayerGrads(c.collective(full, factor), True, buffer_bytes=whole(full),
-                      d2h=c.paths.dma(False, whole(local * c.bpp_grad), st.pin_memory)
-                      if local > 0 and _round_trip(c) else None,
+                      d2h=c.paths.dma(False, whole(every * c.bpp_grad), st.pin_memory)
+                      if every > 0 and _round_trip(c) else None,
                       nvme_write=c.paths.nvme(False, whole(local * hg)) if nvme and local > 0 else None, **ds)
 
 

@@ -2,8 +2,12 @@
 (``optimizer_gpu_fraction``; DeepSpeed ``offload_optimizer.ratio`` is one minus it) on the
 GPU, updated there while the CPU updates the rest.
 
-Mechanisms: compute, activations, gradient offload of the CPU share, the CPU optimizer with
-its GPU-resident share.
+Mechanisms: compute, activations, DeepSpeed ZeRO-3's gradient path (``Variants.deepspeed_grads``:
+Twin-Flow is not a separate optimizer but ``offload_optimizer.ratio`` inside stage3.py's
+``DeepSpeedZeroOptimizer_Stage3``, so its gradients take the IPG buckets, the reduction stream and
+``partition_grads``' host round trip of every partition, GPU sub-groups' included; only the
+boundary's fp32 copy is the CPU share's; deepspeed_runtime.md §3, §11), the CPU optimizer with its
+GPU-resident share.
 
 Shipped strategies: twin-flow. The shared knobs (placement, ZeRO stage, buffers...) keep working
 under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`) it accepts
@@ -21,7 +25,7 @@ from offsim.plan import footprint as fp
 from offsim.plan.footprint import StateSizes
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
-from offsim.systems._parts import standard_system
+from offsim.systems._parts import Variants, standard_system
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_gpu_fraction"})
 
@@ -58,5 +62,6 @@ def with_ratio_share(cfg: RunConfig, sz: StateSizes | None) -> RunConfig:
 
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
-    """The standard mechanisms; the CPU optimizer carries the GPU-resident share."""
-    return standard_system(with_ratio_share(cfg, sz), sz)
+    """The standard mechanisms on DeepSpeed's ZeRO-3 gradient path; the CPU optimizer carries the
+    GPU-resident share."""
+    return standard_system(with_ratio_share(cfg, sz), sz, Variants(deepspeed_grads=True))
