@@ -300,7 +300,7 @@ def drawn_config(models: Models, factors: Sequence[tuple[Assumption, Drawn]], *,
     """The configuration one draw makes, or the rule its values break (a file's field, or a rule
     across the files: then the whole message of :func:`~offsim.config.run.make_run_config`)."""
     try:
-        drawn = perturb(models, factors)
+        drawn = perturb(models, sorted(factors, key=lambda af: not af[0].is_choice))  # choices first
         return make_run_config(drawn["hardware"], drawn["workload"], drawn["strategy"],
                                iterations=iterations, warmup_iterations=warmup)
     except DrawRuleError as exc:
@@ -347,10 +347,12 @@ def case_ranges(case: ValidationCase, models: Models) -> list[Assumption]:
 def with_declared(models: Models, shipped: Sequence[Assumption], case_own: Sequence[Assumption] = ()
                   ) -> list[Assumption]:
     """The files' own ranges first, then the shipped ranges, each less the fields declared before
-    it or by the case (a range left with no field is dropped), then the case's own ranges (last, so
-    that a case without any draws the others as before)."""
+    it or by a case's factor range (a range left with no field is dropped), then the case's own
+    ranges (last, so that a case without any draws the others as before). A case's choice leaves
+    the factor ranges on its fields: the draw applies the choice first, then scales the chosen
+    value (:func:`drawn_config`)."""
     own = declared_ranges(models)
-    taken = {p for a in case_own for p in a.paths}
+    taken = {p for a in case_own if not a.is_choice for p in a.paths}
     kept = []
     for a in [*own, *shipped]:
         paths = [p for p in a.paths if p not in taken]

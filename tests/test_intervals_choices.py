@@ -234,3 +234,14 @@ def test_uncovered_lines_list_validation_figures_only() -> None:
     cal = FigureIntervals("k", "calibration", cal.metric, cal.kind, 9.0, 2.0, cal.intervals)
     lines = uncovered_lines([_figure(2.0), _figure(1.0), cal])
     assert len(lines) == 2 and lines[1].startswith("  c iteration_time_s: measured 1")
+
+
+def test_a_case_choice_keeps_the_factor_range_on_its_field_and_is_applied_first() -> None:
+    """DRAM 100 GB/s chosen, then the shipped factor 0.9 on it: 90 GB/s, whatever the order drawn."""
+    shipped = Assumption(id="dram", paths=["hardware.dram.bandwidth_gb_per_s"], scale=(0.9, 1.0), source="s")
+    choice = Assumption(id="case:dram", paths=["hardware.dram.bandwidth_gb_per_s"], choices=[100.0, 200.0],
+                        source="c")
+    models = _models()
+    assert [a.id for a in with_declared(models, [shipped], [choice])] == ["dram", "case:dram"]
+    cfg = drawn_config(models, [(shipped, 0.9), (choice, 100.0)])
+    assert cfg.hardware.dram.bandwidth_gb_per_s == pytest.approx(90.0)  # type: ignore[union-attr]
