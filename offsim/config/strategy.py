@@ -187,6 +187,14 @@ class Strategy(Frozen):
                     "model code as this many tiles (in_splits x out_splits), each its own submodule that "
                     "ZeRO-3 gathers and releases alone; 1: no tiling, DeepSpeed's default (opt-in, model code)",
     )
+    checkpoint_split_block: bool = Field(
+        default=False,
+        description="activation checkpointing per half block (model code): the attention and the MLP of "
+                    "each block are checkpointed separately, two 16-bit inputs kept per block and the "
+                    "backward recomputing one half at a time (Megatron-LM-v1.1.5-ZeRO3 --split-transformers, "
+                    "megatron/model/transformer.py ParallelTransformerLayerPart1/Part2, DeepSpeedExamples "
+                    "bdf8e59a); false: one checkpoint per block, Megatron's and Hugging Face's default",
+    )
     zero3_prefetch_bucket_params: float = Field(
         default=5e7, ge=0,
         description="ZeRO-3 stage3_prefetch_bucket_size (elements): what the prefetcher gathers ahead of the current "
