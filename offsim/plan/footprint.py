@@ -64,7 +64,7 @@ def state_sizes(cfg: RunConfig) -> StateSizes:
     wl, st, hw = cfg.workload, cfg.strategy, cfg.hardware
     pr = wl.precision
     dp = wl.training.data_parallel
-    layers = tuple(build_layers(wl, hw.gpu))
+    layers = tuple(build_layers(wl, hw.gpu, st.checkpoint_split_block))
     p_total = sum(lay.params for lay in layers)  # the model's, or one tensor-parallel GPU's share
     moments = wl.optimizer.moments
     opt_bpp = DTYPE_BYTES[pr.master_params] + moments * DTYPE_BYTES[pr.optimizer_moments]

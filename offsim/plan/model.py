@@ -14,7 +14,8 @@ Pure functions of the workload and the GPU; no SimPy. Formulas:
   attention ``11sbh + 5as^2b``, MLP ``19sbh``, norms ``4sbh`` (34sbh + 5as^2b in total),
   generalised here to GQA widths, any FFN width and gated MLPs; flash attention does not keep the
   ``s x s`` terms.
-* A checkpointed block keeps only its 16-bit input, ``2sbh`` bytes.
+* A checkpointed block keeps only its 16-bit input, ``2sbh`` bytes (two inputs, ``4sbh``, when its
+  attention and MLP are checkpointed separately: ``strategy.checkpoint_split_block``).
 * Tensor parallelism over ``t`` GPUs (Megatron-LM, arXiv 1909.08053 Sec. 3): each GPU holds and
   computes ``1/t`` of every GEMM, of the embedding and LM head (vocab-parallel); of the block's
   activations the ``t``-way split ones shrink and the rest are replicated (Korthikanti et al.
@@ -210,7 +211,7 @@ def largest_activation_bytes(wl: Workload, sparse: bool = False) -> float:
     return max(_largest_mlp_tensor_bytes(wl, sparse), _largest_attention_tensor_bytes(wl))
 
 
-def recompute_work_bytes(wl: Workload, sparse: bool = False) -> float:
+def recompute_work_bytes(wl: Workload, sparse: bool = False, split_block: bool = False) -> float:
     """GPU bytes of a checkpointed block's backward beyond its checkpoint, per GPU: the larger of
     its two phases, each with two of its largest tensors as activation gradients (the one flowing
     in and the one being produced).
@@ -231,13 +232,19 @@ def recompute_work_bytes(wl: Workload, sparse: bool = False) -> float:
     plus two largest tensors (:attr:`Layer.grad_work_bytes`); without it, when the scores are the
     largest tensor, the attention's two score-sized gradients no longer meet the MLP's saved
     tensors. Memory-centric tiling (runtime/zero/tiling.py ``TiledLinear.forward``) concatenates
-    the tiles' outputs (``_combine_output_splits``), so it does not split these activations."""
+    the tiles' outputs (``_combine_output_splits``), so it does not split these activations.
+
+    ``split_block`` (``strategy.checkpoint_split_block``; Megatron-LM-v1.1.5-ZeRO3's
+    ``--split-transformers``, ParallelTransformerLayerPart1/Part2 at DeepSpeedExamples bdf8e59a):
+    the attention and the MLP are two checkpointed functions, so each backward recomputes one half
+    only: the MLP phase holds the MLP half and two of its largest tensors, the attention phase as
+    above (the MLP half is not recomputed with it)."""
     m, t = wl.model, wl.training
     full = block_activation_bytes(wl, sparse)
     mlp_replicated, mlp_split = _mlp_activation_bytes(wl, sparse)
     mlp_norms = 2 * (m.norms_per_block // 2) * t.seq_len * t.micro_batch * m.hidden
     mlp_half = mlp_replicated + mlp_norms + mlp_split / t.tensor_parallel
-    mlp_phase = full + 2 * _largest_mlp_tensor_bytes(wl, sparse)
+    mlp_phase = (mlp_half if split_block else full) + 2 * _largest_mlp_tensor_bytes(wl, sparse)
     attention_phase = full - mlp_half + 2 * _largest_attention_tensor_bytes(wl)
     return max(mlp_phase, attention_phase)
 
@@ -264,9 +271,11 @@ def block_forward_s(wl: Workload, gpu: GPU, sparse: bool = False) -> float:
     return t
 
 
-def build_layers(wl: Workload, gpu: GPU) -> list[Layer]:
+def build_layers(wl: Workload, gpu: GPU, split_block: bool = False) -> list[Layer]:
     """Embedding, ``layers`` blocks and the LM head, in forward order; parameters, FLOPs and
-    activations are one GPU's share of its tensor-parallel group.
+    activations are one GPU's share of its tensor-parallel group. ``split_block``: each block's
+    attention and MLP are checkpointed separately (:func:`recompute_work_bytes`), keeping two
+    hidden-size inputs per block.
 
     A mixture-of-experts block owns all its experts' parameters (stored, fetched, updated) while its
     FLOPs and activations are those of the experts its tokens are routed to."""
@@ -274,23 +283,25 @@ def build_layers(wl: Workload, gpu: GPU) -> list[Layer]:
     tokens, tp = t.tokens_per_micro_batch, t.tensor_parallel
     act_bytes = DTYPE_BYTES["bf16"]  # activations are kept in 16-bit under mixed precision
     hidden_bytes = act_bytes * tokens * m.hidden
-    kinds = {sparse: _block_costs(wl, gpu, sparse) for sparse in {m.sparse_block(i) for i in range(m.layers)}}
+    kinds = {sparse: _block_costs(wl, gpu, sparse, split_block)
+             for sparse in {m.sparse_block(i) for i in range(m.layers)}}
+    ckpt_bytes = hidden_bytes * (2 if split_block else 1)
     layers = [Layer(0, "embed", _split(m.embedding_params, tp), 0.0, hidden_bytes / gpu.hbm_bytes_per_s,
                     hidden_bytes / gpu.hbm_bytes_per_s, hidden_bytes, hidden_bytes, hidden_bytes)]
     for i in range(m.layers):
         block_flop, fwd_block, act_block, block_grads, recompute = kinds[m.sparse_block(i)]
         layers.append(Layer(i + 1, f"block{i}", _split(m.block_params_at(i), tp), block_flop, fwd_block,
-                            2 * fwd_block, act_block, hidden_bytes, block_grads, recompute))
+                            2 * fwd_block, act_block, ckpt_bytes, block_grads, recompute))
     layers.append(_head_layer(wl, gpu, m.layers + 1, hidden_bytes))
     return layers
 
 
-def _block_costs(wl: Workload, gpu: GPU, sparse: bool) -> tuple[float, float, float, float, float]:
+def _block_costs(wl: Workload, gpu: GPU, sparse: bool, split_block: bool) -> tuple[float, float, float, float, float]:
     """Forward FLOPs, forward seconds, kept activation bytes, backward gradient bytes and the
     recomputed backward's working bytes of a dense (or, with ``sparse``, a mixture-of-experts)
     block."""
     return (sum(block_gemms(wl, sparse)), block_forward_s(wl, gpu, sparse), block_activation_bytes(wl, sparse),
-            2 * largest_activation_bytes(wl, sparse), recompute_work_bytes(wl, sparse))
+            2 * largest_activation_bytes(wl, sparse), recompute_work_bytes(wl, sparse, split_block))
 
 
 def _split(params: int, tp: int) -> int:
