@@ -25,13 +25,15 @@ from offsim.systems.deep_optimizer_states import fork_groups, fork_layout, fork_
 from offsim.validation import case_config, default_cases_path, load_cases
 
 # dos-7b as Megatron-DeepSpeed registers it (32 x 4096, 32 heads / 4 KV heads of 128, SwiGLU 11008):
-QKV = 4096 + 4096 * (4096 + 2 * 512)  # input_layernorm + fused query_key_value: 20,975,616
-DENSE = 4096 * 4096                   # self_attention.dense: 16,777,216
+# per block the sub-groups both sample logs print (stage3.py _create_fp16_partitions_with_defragmentation:
+# 'Subgroup 1, numel: 16781312', 'Subgroup 2, numel: 20971520', 90181632, 45088768, ...):
+DENSE = 4096 + 4096 * 4096            # a norm + self_attention.dense: 16,781,312
+QKV = 4096 * (4096 + 2 * 512)         # fused query_key_value alone: 20,971,520
 FC1 = 4096 + 4096 * 2 * 11008         # post_attention_layernorm + fused dense_h_to_4h: 90,181,632
 FC2 = 11008 * 4096                    # dense_4h_to_h: 45,088,768
 EMBED = 50304 * 4096                  # word_embeddings: 206,045,184
 HEAD = 4096 + 50304 * 4096            # final_layernorm + output_layer: 206,049,280
-GPU_ELEMENTS = 32 * (QKV + FC1) + HEAD  # the odd sub-groups: 3,763,081,216
+GPU_ELEMENTS = 32 * (DENSE + FC1) + HEAD  # the odd sub-groups: 3,628,863,488
 
 
 def _dos() -> RunConfig:
@@ -64,14 +66,14 @@ def test_layout_makes_the_spread_pick_the_forks_gpu_sub_groups(n: int, gap: int)
 
 def test_megatron_sub_groups_are_the_logs_130() -> None:
     """sub_group_size 1e7 closes a group at the first tensor that reaches it: the embedding, per
-    block [norm + QKV], [dense], [norm + fc1], [fc2], then [final norm + output layer]: 1 + 128 + 1
-    = 130 (the log: After creating fp16 partitions: 130), 5,948,837,888 elements (the log's
-    parameter count); the gap-2 GPU share 3,763,081,216 / 5,948,837,888."""
+    block [norm + dense], [QKV], [norm + fc1], [fc2], then [final norm + output layer]: 1 + 128 + 1
+    = 130 (the log: After creating fp16 partitions: 130, each with the numel above), 5,948,837,888
+    elements (the log's parameter count); the gap-2 GPU share 3,628,863,488 / 5,948,837,888."""
     c = build_ctx(_dos())
     tensors = megatron_tensors(c)
     assert tensors is not None and sum(tensors) == 5_948_837_888
     groups = fork_groups(c)
-    assert groups == [EMBED, *[QKV, DENSE, FC1, FC2] * 32, HEAD]
+    assert groups == [EMBED, *[DENSE, QKV, FC1, FC2] * 32, HEAD]
     assert gap_gpu_share(groups, 2) == pytest.approx(GPU_ELEMENTS / 5_948_837_888)
 
 
@@ -85,9 +87,9 @@ def test_round_trips_on_the_copier_streams_and_the_last_state_stays() -> None:
     split = fork_split(c, groups, on_gpu)
     gpu = [(p, s) for p, s, g in zip(groups, split.groups, on_gpu, strict=True) if g]
     assert len(gpu) == 65 and gpu[-1][0] == HEAD
-    assert sum(s.to_gpu.nbytes for _, s in gpu) == 12 * GPU_ELEMENTS == 45_156_974_592
+    assert sum(s.to_gpu.nbytes for _, s in gpu) == 12 * GPU_ELEMENTS == 43_546_361_856
     assert gpu[-1][1].to_host.nbytes == 0
-    assert sum(s.to_host.nbytes for _, s in gpu) == 12 * (GPU_ELEMENTS - HEAD) == 42_684_383_232
+    assert sum(s.to_host.nbytes for _, s in gpu) == 12 * (GPU_ELEMENTS - HEAD) == 41_073_770_496
 
 
 def test_host_and_gpu_state_by_hand() -> None:
@@ -104,18 +106,18 @@ def test_host_and_gpu_state_by_hand() -> None:
 def test_dos_7b_state_items() -> None:
     """dos-7b: the GPU keeps the output layer's 206,049,280 x 16 B = 3,296,788,480 B (3.07 GiB;
     the log's allocated memory after the step: 15.35 GiB against vanilla's 12.28); per block the
-    pinned fp32 master and moments round 83.9 MB -> 128 MiB, 67.1 MB (exactly 64 MiB), 360.7 MB
-    -> 512 MiB, 180.4 MB -> 256 MiB, the embedding and the head 824 MB -> 1 GiB; CPU Adam's
-    moments for the even sub-groups, (EMBED + 32 (DENSE + FC2)) x 8 B."""
+    pinned fp32 master and moments round 67.1 MB (64 MiB + 16 KiB) -> 128 MiB, 83.9 MB -> 128 MiB,
+    360.7 MB -> 512 MiB, 180.4 MB -> 256 MiB, the embedding and the head 824 MB -> 1 GiB; CPU
+    Adam's moments for the even sub-groups, (EMBED + 32 (QKV + FC2)) x 8 B."""
     system = compose(_dos())
     items = {i.what: i.nbytes for i in system.mechanisms["static"].items}  # type: ignore[attr-defined]
     mib = 2**20
-    per_block = 3 * (128 + 64 + 512 + 256) * mib
+    per_block = 3 * (128 + 128 + 512 + 256) * mib
     assert items["optimizer state: fp32 master params and moments, pinned per sub-group (fork)"] == (
         32 * per_block + 2 * 3 * 1024 * mib)
     assert items["16-bit cast buffers of the CPU sub-groups (fork)"] == 512 * mib  # 412 MB of the head
     assert items["optimizer state: CPU Adam moments of the CPU sub-groups (pageable)"] == (
-        (EMBED + 32 * (DENSE + FC2)) * 8)
+        (EMBED + 32 * (QKV + FC2)) * 8)
     assert items["optimizer state of the last GPU sub-group, kept between steps (fork)"] == 3_296_788_480
 
 

@@ -138,13 +138,18 @@ def layout_static(c: Ctx, static: StaticState, groups: list[float]) -> StaticSta
 
 
 def megatron_tensors(c: Ctx) -> list[int] | None:
-    """Elements of each parameter tensor in Megatron-DeepSpeed's registration order (GPTModel:
-    the word embedding (and learned positions), per block ``input_layernorm``,
-    ``self_attention.query_key_value`` (Wq, Wk, Wv fused), ``self_attention.dense``,
-    ``post_attention_layernorm``, ``mlp.dense_h_to_4h`` (gate and up fused with SwiGLU),
-    ``mlp.dense_4h_to_h``, then ``final_layernorm`` and the untied ``output_layer``); a block's
-    biases, if any, are counted with its norms. None for a mixture of experts or latent
-    attention (no such layout here) or a layer split by tensor parallelism."""
+    """Elements of each parameter tensor in the order DeepSpeed receives Megatron-DeepSpeed's GPT
+    (the word embedding (and learned positions), per block a norm, ``self_attention.dense``,
+    ``self_attention.query_key_value`` (Wq, Wk, Wv fused), the second norm,
+    ``mlp.dense_h_to_4h`` (gate and up fused with SwiGLU), ``mlp.dense_4h_to_h``, then
+    ``final_layernorm`` and the untied ``output_layer``); a block's biases, if any, are counted
+    with its norms. The order within the attention is the one both 7B sample logs' sub-groups
+    imply (stage3.py ``_create_fp16_partitions_with_defragmentation``: 'Subgroup 1, numel:
+    16781312', 'Subgroup 2, numel: 20971520', then 90181632 and 45088768 per block: a norm with
+    the 4096 x 4096 matrix, the fused QKV alone), not the modules' registration order (norm +
+    QKV, then dense, would give 20975616 and 16777216); which step of Megatron-DeepSpeed's
+    parameter grouping puts the dense first is not identified. None for a mixture of experts
+    or latent attention (no such layout here) or a layer split by tensor parallelism."""
     model = c.cfg.workload.model
     if model.moe is not None or model.mla is not None:
         return None
@@ -159,7 +164,7 @@ def megatron_tensors(c: Ctx) -> list[int] | None:
         if rest < 0:
             return None
         fc1 = sum(mlp[:-1])
-        out += [rest - rest // 2, wq + wk + wv, wo, rest // 2, fc1, mlp[-1]]
+        out += [rest - rest // 2, wo, wq + wk + wv, rest // 2, fc1, mlp[-1]]
     return [n for n in out if n > 0]
 
 
