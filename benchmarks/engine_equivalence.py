@@ -7,6 +7,8 @@ speed table times): a SHA-256 of the spans, the memory levels, the cache events 
 the steady-state shortcut's copies included, in order, each as its ``repr``), the phases, the
 iteration starts, the end time and the events processed. Session 12 checked its engine changes
 the same way on 69 configurations (README, "Simulator speed"); this script keeps that check.
+``--layer-shortcut=on`` (``=off``) as the first argument runs with the layer shortcut
+(:mod:`offsim.engine.layers`) on (off) whatever its default.
 """
 
 # ruff: noqa: T201 - a benchmark prints its figures
@@ -52,6 +54,10 @@ def digest(hardware: str, workload: str, strategy: str, iterations: int) -> str:
 
 def main() -> None:
     only = sys.argv[1:]
+    if only and only[0].startswith("--layer-shortcut="):  # the layer shortcut on or off (default: the engine's)
+        from offsim.engine import layers
+
+        layers.DEFAULT = only.pop(0).split("=", 1)[1] == "on"
     for hw, wl, st, it in cases():
         if only and st not in only:
             continue

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from heapq import heappop
 
 from offsim.core.enums import Activity, CacheId, ChoiceId, Phase
+from offsim.engine import layers as layer_period
 from offsim.engine import reuse
 from offsim.engine.cursor import Cursor
 from offsim.engine.flows import Flow as NetFlow
@@ -187,6 +188,8 @@ class Executor:
         self.choices_taken = 0  # decisions a choice policy took (the shortcut skips no period with one)
         self.cursor = Cursor(schedule.body)
         self.steady: SteadyState | None = None  # the shortcut's watcher, while a run with it lasts
+        self.layers: layer_period.LayerShortcut | None = None  # the layer shortcut's, likewise
+        self.layer_runs_skipped = 0  # the runs it skipped (kept once the run is over)
         self._end_ops: dict[int, Op] = {}
         self._starters: dict[type, Callable[[Node], None]] = {
             Delay: self._start_delay, Flow: self._start_flow, Alloc: self._start_alloc, Free: self._start_free,
@@ -245,15 +248,17 @@ class Executor:
         return info
 
     # ------------------------------------------------------------ issue
-    def run(self, steady_shortcut: bool = True) -> int:
+    def run(self, steady_shortcut: bool = True, layer_shortcut: bool | None = None) -> int:
         """Run to the end; returns the events processed (those of skipped repetitions included).
 
         ``steady_shortcut``: skip the repetitions of a period that left the run in the state it
-        found it (:mod:`offsim.engine.steady`); False simulates every one. Where runs are reused
-        (:mod:`offsim.engine.reuse`) and an earlier run had the same inputs, its records are
-        handed out instead."""
+        found it (:mod:`offsim.engine.steady`); False simulates every one. ``layer_shortcut``:
+        skip the layers of a block that repeat the one before (:mod:`offsim.engine.layers`;
+        None: its ``DEFAULT``). Where runs are reused (:mod:`offsim.engine.reuse`) and an
+        earlier run had the same inputs, its records are handed out instead."""
+        with_layers = layer_period.DEFAULT if layer_shortcut is None else layer_shortcut
         memo = reuse.active()
-        key = memo.key(self, steady_shortcut) if memo is not None else None
+        key = memo.key(self, steady_shortcut, with_layers) if memo is not None else None
         if memo is not None and key is not None and memo.restore(key, self):
             self._release()
             return self.events
@@ -261,8 +266,14 @@ class Executor:
         steady = self.steady = SteadyState(self) if steady_shortcut else None
         if steady is not None:
             self.cursor.on_enter = steady.entered
+        if with_layers:
+            self.layers = layer_period.LayerShortcut(self)
+            self._advance = self._advance_layers  # type: ignore[method-assign]
         self._advance()
-        self._loop(steady)
+        if self.layers is not None:
+            self._loop_layers(steady, self.layers)
+        else:
+            self._loop(steady)
         self._close()
         if memo is not None and key is not None:
             memo.store(key, self)
@@ -289,6 +300,55 @@ class Executor:
             call(arg)
             events += 1
         self.events = events
+
+    def _loop_layers(self, steady: SteadyState | None, layers: layer_period.LayerShortcut) -> None:
+        """:meth:`_loop` that also lets the layer shortcut look at each run of a stretch begun."""
+        cursor, clock = self.cursor, self.clock
+        queue = clock.queue
+        while True:
+            if layers.pending is not None:
+                layers.at_boundary()
+            if cursor.crossed:
+                frames, cursor.crossed = cursor.crossed, []
+                if steady is not None:
+                    for frame in frames:
+                        steady.at_boundary(frame)
+            if not queue:
+                break
+            clock.now_s, _, call, arg = heappop(queue)
+            call(arg)
+            self.events += 1
+
+    def _advance_layers(self) -> None:
+        """:meth:`_advance` that notes, for the layer shortcut, each run of a stretch begun."""
+        cursor, block_infos, layers = self.cursor, self._block_infos, self.layers
+        assert layers is not None
+        while True:
+            block = cursor.block
+            if block is None or cursor.op_index >= len(block.ops):
+                try:
+                    block = cursor.next_block()
+                except StopIteration:
+                    return
+            ops, index = block.ops, cursor.op_index
+            infos = block_infos.get(id(block))
+            if infos is None:
+                infos = block_infos[id(block)] = ([self._info(op) for op in ops], block)
+            starts = layers.starts(block)
+            iteration, micro_batch, nodes = cursor.iteration, cursor.micro_batch, cursor.nodes
+            while index < len(ops):
+                if index in starts:
+                    layers.pending = (block, index, nodes)
+                op, info = ops[index], infos[0][index]
+                index += 1
+                cursor.op_index = index
+                node = Node(op, iteration, micro_batch, info.phase, info)
+                nodes.append(node)
+                after = info.after
+                self._issue(node, [nodes[a] for a in after], micro_batch)
+                if info.main and not node.finished:
+                    node.waiters.append(self._advance)
+                    return
 
     def _walk_accesses(self) -> None:
         """Give each cache its access sequences (for policies that read ahead), and count the
@@ -660,6 +720,10 @@ class Executor:
         self.caches = {}
         self.net.on_finish = None
         self.steady = None
+        if self.layers is not None:
+            self.layer_runs_skipped = self.layers.skipped
+        self.layers = None
+        self.__dict__.pop("_advance", None)
 
     def _close(self) -> None:
         for (it, _mb, phase), (start, end) in self.phases.items():

@@ -101,7 +101,7 @@ class RunMemo:
         self.compiles_saved = 0
         self._lock = threading.Lock()  # a Dask worker may run chunks in several threads
 
-    def key(self, ex: Executor, steady_shortcut: bool) -> _Key | None:
+    def key(self, ex: Executor, steady_shortcut: bool, layer_shortcut: bool = False) -> _Key | None:
         """The inputs of ``ex``'s run, or None where they cannot be compared."""
         s, m, rec = ex.schedule, ex.machine, ex.rec
         if s.choices or ex.choice_policies or ex.on_iteration is not None:
@@ -109,7 +109,7 @@ class RunMemo:
         if rec.spans or rec.cache_events or rec.level_log or rec.iteration_starts_s or rec.phases:
             return None
         try:
-            parts = (steady_shortcut, s.fingerprint,
+            parts = (steady_shortcut, layer_shortcut, s.fingerprint,
                      tuple(m.capacity.items()), m.duplex_efficiency, m.copy_engines, m.ranks_per_node, m.nodes,
                      tuple((t, c) for t, c in m.memory_bytes.items() if t not in CHECKED_TIERS),
                      _value(ex.cache_policies), _value(rec.cache_info))
