@@ -164,13 +164,23 @@ class GradBucket:
     before the previous bucket's flush: its hook is what flushes that bucket (stage3.py
     ``reduce_independent_p_g_buckets_and_remove_grads`` runs in the hook of the gradient that
     would overflow the bucket, after autograd made it), so the previous flush allocates it and
-    this bucket's flush the rest of ``buffer_bytes``; 0: the first bucket, or none held."""
+    this bucket's flush the rest of ``buffer_bytes``; 0: the first bucket, or none held.
+
+    ``ready_at``: (layer, fraction of its backward kernels) where the gradient that overflows it
+    (the next bucket's first) is ready, its hook flushing it; None: the last bucket (the
+    epilogue). ``flush_at``: (layer, cut) where the gradient hook that flushes it runs, inside that layer's
+    backward (:meth:`Grads.emit_hook`, called by the compute mechanism after cut ``cut`` of the
+    layer's backward kernels: the next bucket's first gradient is ready there); None: issued
+    after ``flush_layer``'s backward (the last bucket, flushed by the epilogue, or a compute
+    mechanism without gradient hooks)."""
 
     pieces: tuple[tuple[int, int], ...]
     flush_layer: int
     flows: LayerGrads
     continues: tuple[int, ...] = ()
     head_bytes: int = 0
+    ready_at: tuple[int, float] | None = None
+    flush_at: tuple[int, int] | None = None
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -298,7 +308,7 @@ class Grads:
         if self.ipg_bytes > 0 and site.position == 0:  # after this layer's backward kernels
             b.add(Alloc(Tier.GPU, self.ipg_bytes, IPG_BUFFER), t, after=_last_of(b, COMPUTE))
         for k, bucket in enumerate(self.buckets):
-            if bucket.flush_layer == site.layer:
+            if bucket.flush_layer == site.layer and bucket.flush_at is None:
                 self._bucket(b, site, k, bucket)
         if site.layer != 0:
             return
@@ -312,6 +322,18 @@ class Grads:
                 if bucket.flows.boundary_kept_gpu_bytes > 0:
                     b.add(Free(Tier.GPU, _kept(k)), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, 0),
                           after=ends[:1])
+
+    def emit_hook(self, b: BlockBuilder, site: Site, cut: int) -> None:
+        """The gradient hook after cut ``cut`` of ``site``'s backward kernels: the bucket the
+        gradient ready there overflows is reduced and partitioned (stage3.py
+        ``reduce_independent_p_g_buckets_and_remove_grads``: ``__reduce_and_partition_ipg_grads``
+        when ``bucket.elements + param.ds_numel > reduce_bucket_size``), its host waits (the
+        reduce throttle, a blocking copy) on the compute stream before the layer's next kernels,
+        its reduction and copies on the reduction stream beside them (the same rule in v0.3.15's
+        stage3.py, so no version switch)."""
+        for k, bucket in enumerate(self.buckets):
+            if bucket.flush_at == (site.layer, cut):
+                self._bucket(b, site, k, bucket)
 
     def _hold(self, b: BlockBuilder, site: Site, k: int, bucket: GradBucket, slot: int) -> int:
         """At bucket ``k``'s flush: its gradients not yet held (``buffer_bytes`` less the head the

@@ -7,15 +7,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from offsim.config.workload import DTYPE_BYTES
+from offsim.mechanisms.compute import Compute
 from offsim.mechanisms.grads import GradBucket, Grads, LayerGrads, LayerUpdate
+from offsim.mechanisms.host_dispatch import HostDispatched
 from offsim.plan import footprint as fp
 from offsim.plan import host_pages
 from offsim.plan.deepspeed_versions import Z3Fp32GradCopy, Z3GradFlush, Z3HostGrads
 from offsim.plan.model import Layer, ReduceBucket, reduce_buckets
 from offsim.systems._ctx import Ctx, whole
+
+if TYPE_CHECKING:
+    from offsim.mechanisms.base import Mechanism
+    from offsim.systems._compile import System
 from offsim.systems._part_optimizer import gpu_adam_bpp, optimizer_dram_bpp, storage
 
 
@@ -316,24 +322,31 @@ def _backward_tensors(tensors: list[int], block: bool) -> tuple[int, ...]:
     return tuple(reversed(tensors))
 
 
-def grad_buckets(c: Ctx, swap_pool_units: int) -> tuple[GradBucket, ...]:
-    """DeepSpeed ZeRO-3's reduce buckets over the backward (layers in reverse, each layer's
-    tensors, :func:`offsim.plan.footprint.layer_tensors`, as :func:`_backward_tensors` orders
-    them; :func:`offsim.plan.model.reduce_buckets` with the strategy's ``reduce_bucket_params``)
-    with their flows."""
+def _backward_order(c: Ctx) -> list[tuple[int, tuple[int, ...]]]:
+    """(layer, its tensors' elements in the order backward makes their gradients) over the
+    backward: layers in reverse, each layer's tensors (:func:`offsim.plan.footprint.layer_tensors`)
+    as :func:`_backward_tensors` orders them."""
     model = c.cfg.workload.model
-    order = [(lay.index, _backward_tensors(fp.layer_tensors(model, lay), lay.is_block)) for lay in reversed(c.layers)
-             if lay.params > 0]
+    return [(lay.index, _backward_tensors(fp.layer_tensors(model, lay), lay.is_block)) for lay in reversed(c.layers)
+            if lay.params > 0]
+
+
+def grad_buckets(c: Ctx, swap_pool_units: int) -> tuple[GradBucket, ...]:
+    """DeepSpeed ZeRO-3's reduce buckets over the backward (:func:`_backward_order`;
+    :func:`offsim.plan.model.reduce_buckets` with the strategy's ``reduce_bucket_params``) with
+    their flows."""
+    order = _backward_order(c)
     seen: set[int] = set()
     out: list[GradBucket] = []
     buckets = reduce_buckets(order, c.st.reduce_bucket_params)
     all_flows = [_bucket_flows(c, bucket, swap_pool_units) for bucket in buckets]
     waited = _flushes_waited(c, all_flows)
-    for bucket, first, flows in zip(buckets, _first_tensors(order, buckets), all_flows, strict=True):
+    for bucket, first, flows, ready in zip(buckets, _first_tensors(order, buckets), all_flows,
+                                           _ready_points(order, buckets), strict=True):
         layers = {u for u, _ in bucket.pieces}
         flows = replace(flows, buffer_bytes=_bucket_held_bytes(c, bucket.elements, waited))
         head = min(whole(first * c.bpp_grad), flows.buffer_bytes) if out else 0
-        out.append(GradBucket(bucket.pieces, bucket.flush_layer, flows, tuple(sorted(layers & seen)), head))
+        out.append(GradBucket(bucket.pieces, bucket.flush_layer, flows, tuple(sorted(layers & seen)), head, ready))
         seen |= layers
     return tuple(out)
 
@@ -380,3 +393,73 @@ def grads(c: Ctx) -> Grads:
     return Grads(layers, c.st.overlap_grad_offload, slots, c.v.io_concurrency, pool, drain, buckets,
                  Z3_REDUCTIONS_IN_FLIGHT, per_backward, Z3GradFlush(c.st.z3_grad_flush),
                  _buckets_alive(c, buckets))
+
+
+def _ready_points(order: list[tuple[int, tuple[int, ...]]], buckets: tuple[ReduceBucket, ...]
+                  ) -> list[tuple[int, float] | None]:
+    """Per bucket, (layer, fraction of its backward kernels) where the gradient that would
+    overflow it is ready, the next bucket's first (stage3.py
+    ``reduce_independent_p_g_buckets_and_remove_grads`` flushes in that gradient's hook); None
+    for the last (the epilogue). A gradient is taken to be ready after the kernels of the
+    tensors before it and itself in backward ``order``, in proportion to their elements: a
+    linear's data and weight gradients are 4 FLOPs per element per token, so its share of the
+    layer's backward GEMM FLOPs is its share of the elements (attention scores and norms, which
+    hold no or few elements, are spread over the layer pro rata, an approximation)."""
+    ready = []
+    for u, tensors in order:
+        total, acc = sum(tensors), 0
+        for n in tensors:
+            ready.append((u, n, (acc + n) / total))
+            acc += n
+    out: list[tuple[int, float] | None] = []
+    offset, i, start = 0, 0, 0
+    for bucket in buckets[:-1]:
+        offset += bucket.elements
+        while start < offset:  # the tensor the next bucket begins at
+            start += ready[i][1]
+            i += 1
+        out.append((ready[i][0], ready[i][2]))
+    return [*out, None] if buckets else out
+
+
+def hook_points(buckets: tuple[GradBucket, ...]
+                ) -> tuple[dict[int, tuple[float, ...]], tuple[tuple[int, int] | None, ...]]:
+    """From the buckets' ``ready_at``: per layer, the cuts of its backward kernels (fractions in
+    (0, 1) where a flushing gradient is ready) and, per bucket, where its flush runs: (layer, cut
+    index; the layer's number of cuts: after its last kernel), or None (after ``flush_layer``)."""
+    cut_sets: dict[int, set[float]] = {}
+    for bk in buckets:
+        if bk.ready_at is not None and bk.ready_at[1] < 1.0:
+            cut_sets.setdefault(bk.ready_at[0], set()).add(bk.ready_at[1])
+    cuts = {u: tuple(sorted(fs)) for u, fs in cut_sets.items()}
+
+    def where(at: tuple[int, float] | None) -> tuple[int, int] | None:
+        if at is None:
+            return None
+        u, f = at
+        return (u, cuts[u].index(f)) if f < 1.0 else (u, len(cuts.get(u, ())))
+    return cuts, tuple(where(bk.ready_at) for bk in buckets)
+
+
+def with_gradient_hooks(system: System) -> System:
+    """``system`` (as finally composed) with DeepSpeed ZeRO-3's reduce buckets flushed from their
+    gradient hooks inside the backward (:func:`hook_points`): the compute mechanism's backward
+    kernels cut where a flush runs, calling the gradient mechanism there
+    (:meth:`offsim.mechanisms.grads.Grads.emit_hook`). Unchanged off DeepSpeed's ZeRO-3 path;
+    applying it twice changes nothing. The same bytes move and the buckets hold the same memory;
+    only when their flushes run changes."""
+    grads, compute = system.mechanisms.get("grads"), system.mechanisms.get("compute")
+    if not isinstance(grads, Grads) or not any(bk.ready_at is not None for bk in grads.buckets):
+        return system
+    inner = compute.inner if isinstance(compute, HostDispatched) else compute
+    if not isinstance(inner, Compute):
+        return system
+    cuts, where = hook_points(grads.buckets)
+    hooked = replace(grads, buckets=tuple(replace(bk, flush_at=w) for bk, w in zip(grads.buckets, where, strict=True)))
+    layers = tuple(replace(cost, backward_cuts=cuts.get(u, ())) for u, cost in enumerate(inner.layers))
+    kernels = replace(inner, layers=layers, hooks=hooked)
+    out = dict(system.mechanisms)
+    out["grads"] = cast("Mechanism", hooked)  # frozen: its read-only id is not the protocol's settable one
+    out["compute"] = cast("Mechanism", replace(compute, inner=kernels) if isinstance(compute, HostDispatched)
+                          else kernels)
+    return replace(system, mechanisms=out)

@@ -26,6 +26,7 @@ under it; of the system options (:data:`~offsim.config.strategy.SYSTEM_OPTIONS`)
 from offsim.config.run import RunConfig
 from offsim.plan.footprint import StateSizes
 from offsim.systems._compile import System
+from offsim.systems._part_grads import with_gradient_hooks
 from offsim.systems._parts import Variants, standard_system
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_schedule"})
@@ -33,6 +34,7 @@ OPTIONS: frozenset[str] = frozenset({"optimizer_schedule"})
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """The standard mechanisms with the layer-wise CPU update (off: DeepSpeed's ZeRO-3 offload
-    with its gradient path, clipping on)."""
+    with its gradient path, its buckets flushed from their gradient hooks, clipping on)."""
     layerwise = cfg.strategy.optimizer_schedule == "layerwise"
-    return standard_system(cfg, sz, Variants(layerwise_update=layerwise, deepspeed_grads=not layerwise))
+    system = standard_system(cfg, sz, Variants(layerwise_update=layerwise, deepspeed_grads=not layerwise))
+    return with_gradient_hooks(system)

@@ -25,6 +25,7 @@ from offsim.plan import footprint as fp
 from offsim.plan.footprint import StateSizes
 from offsim.systems._compile import System
 from offsim.systems._options import read_options
+from offsim.systems._part_grads import with_gradient_hooks
 from offsim.systems._parts import Variants, standard_system
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_gpu_fraction"})
@@ -63,5 +64,7 @@ def with_ratio_share(cfg: RunConfig, sz: StateSizes | None) -> RunConfig:
 
 def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     """The standard mechanisms on DeepSpeed's ZeRO-3 gradient path; the CPU optimizer carries the
-    GPU-resident share."""
-    return standard_system(with_ratio_share(cfg, sz), sz, Variants(deepspeed_grads=True))
+    GPU-resident share; the buckets flushed from their gradient hooks inside the backward
+    (:func:`~offsim.systems._part_grads.with_gradient_hooks`)."""
+    system = standard_system(with_ratio_share(cfg, sz), sz, Variants(deepspeed_grads=True))
+    return with_gradient_hooks(system)
