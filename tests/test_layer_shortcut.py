@@ -99,7 +99,8 @@ def test_a_kernel_on_another_stream_is_no_stretch() -> None:
 
 def test_a_skipped_layer_that_would_overflow_is_simulated() -> None:
     """GPU capacity 1,500 B: layer 5's workspace takes the level to 6 x 100 + 1,000 = 1,600 B.
-    The full run raises there; the shortcut must not jump over it, so it raises the same error."""
+    The full run raises there; the shortcut applies the skipped runs' allocations to the ledger
+    in order, so it raises the same error (same op, time and level)."""
     with pytest.raises(InfeasibleError) as full:
         _hand_run(_schedule(), False, gpu_bytes=1_500)
     with pytest.raises(InfeasibleError) as short:

@@ -305,19 +305,25 @@ class Executor:
         """:meth:`_loop` that also lets the layer shortcut look at each run of a stretch begun."""
         cursor, clock = self.cursor, self.clock
         queue = clock.queue
+        events = self.events  # as in :meth:`_loop`: in ``self.events`` where a shortcut reads and moves it
         while True:
             if layers.pending is not None:
+                self.events = events
                 layers.at_boundary()
+                events = self.events
             if cursor.crossed:
                 frames, cursor.crossed = cursor.crossed, []
                 if steady is not None:
+                    self.events = events
                     for frame in frames:
                         steady.at_boundary(frame)
+                    events = self.events
             if not queue:
                 break
             clock.now_s, _, call, arg = heappop(queue)
             call(arg)
-            self.events += 1
+            events += 1
+        self.events = events
 
     def _advance_layers(self) -> None:
         """:meth:`_advance` that notes, for the layer shortcut, each run of a stretch begun."""
@@ -345,7 +351,8 @@ class Executor:
                 node = Node(op, iteration, micro_batch, info.phase, info)
                 nodes.append(node)
                 after = info.after
-                self._issue(node, [nodes[a] for a in after], micro_batch)
+                self._issue(node, ([nodes[after[0]]] if len(after) == 1 else [nodes[a] for a in after]) if after
+                            else [], micro_batch)
                 if info.main and not node.finished:
                     node.waiters.append(self._advance)
                     return

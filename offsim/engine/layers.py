@@ -22,8 +22,8 @@ conservative (anything else: simulated as before):
 * the memory held is not compared (activation checkpoints make it grow by a layer's tensors a
   layer, which is what a stretch does): nothing in a stretch reads it, and the skipped runs'
   allocations and frees are applied to the ledger in their order (so its levels, peaks, owner
-  peaks and holdings are those of the full run); a skipped run whose level would cross a tier's
-  capacity is not skipped (the full run raises there).
+  peaks and holdings are those of the full run, and a level over a tier's capacity raises the
+  full run's error, at the same op and time).
 
 The skipped runs' records are written out (not held as :class:`~offsim.trace.Repeat` s): spans
 copied from the previous run's with the layer and the name of the op the same distance into the
@@ -184,6 +184,7 @@ class LayerShortcut:
         self.pending: tuple[Block, int, list[Node]] | None = None  # a run begun in the last step
         self.seen: tuple[int, Stretch, _Boundary] | None = None  # (nodes list id, stretch, boundary)
         self.skipped = 0  # runs skipped, for tests and benchmarks
+        self.indices: dict[int, dict[int, int]] = {}  # per block: its ops' indices, by id
 
     def starts(self, block: Block) -> dict[int, Stretch]:
         """The block's run starts inside stretches (the first run's left out: nothing to compare)."""
@@ -205,6 +206,9 @@ class LayerShortcut:
         if ex.cursor.nodes is not nodes or ex.cursor.block is not block:
             self.seen = None
             return
+        if stretch.run_of(index) >= stretch.runs - KEPT_RUNS - 1:  # nothing left to skip after it
+            self.seen = None
+            return
         try:
             now = _take(ex, stretch, index, nodes)
         except _OpaqueError:
@@ -218,7 +222,10 @@ class LayerShortcut:
         times = stretch.runs - KEPT_RUNS - now.run
         if period_s <= 0 or times <= 0 or not now.matches(prev[2], max(abs(now.now_s), period_s)):
             return
-        if _Jump(ex, block, stretch, prev[2], now, times, period_s).apply():
+        indices = self.indices.get(id(block))
+        if indices is None:
+            indices = self.indices[id(block)] = {id(op): i for i, op in enumerate(block.ops)}
+        if _Jump(ex, block, stretch, prev[2], now, times, indices).apply():
             self.skipped += times
             self.seen = None
 
@@ -283,16 +290,15 @@ class _Jump:
     multiple of the period."""
 
     def __init__(self, ex: Executor, block: Block, stretch: Stretch, prev: _Boundary, now: _Boundary, times: int,
-                 period_s: float) -> None:
+                 indices: dict[int, int]) -> None:
         self.ex, self.block, self.stretch, self.prev, self.now = ex, block, stretch, prev, now
         self.times = times
         self.shift_ops = times * stretch.ops
-        self._indices: dict[int, int] = {}
+        self.indices = indices
 
     def apply(self) -> bool:
-        """Move on; False (nothing changed) where the template is not the chain above, its
-        records are not all kernels and levels at its clock values, or a level would cross a
-        capacity."""
+        """Move on; False (nothing changed) where the template is not the chain above, or its
+        records are not all kernels and levels at its clock values."""
         ex = self.ex
         marks_prev, marks_now = self.prev.marks, self.now.marks
         if any(a.repeats != b.repeats or a.items > b.items for a, b in zip(marks_prev, marks_now, strict=True)):
@@ -311,15 +317,22 @@ class _Jump:
             return False
         if any(isinstance(n.op.body, Alloc | Free) and n.start_s not in at for n in executed):
             return False
-        if not self._still(ex.clock.now_s) or not self._fits(executed):
+        if not self._still(ex.clock.now_s):
             return False
+        template = [(s, names[(s.layer, s.name)], at[s.start_s], at[s.end_s]) for s in spans]
+        memory = [(self._index(n), n.micro_batch, at[n.start_s]) for n in executed
+                  if isinstance(n.op.body, Alloc | Free)]
         t_s = ex.clock.now_s
-        for j in range(1, self.times + 1):
-            clock = [t_s]
-            for s in seconds:
-                clock.append(clock[-1] + s)
-            self._copy(j, spans, names, executed, clock, at)
-            t_s = clock[-1]
+        mem, now = ex.memory, ex.memory.now
+        try:
+            for j in range(1, self.times + 1):
+                clock = [t_s]
+                for s in seconds:
+                    clock.append(clock[-1] + s)
+                self._copy(j * self.stretch.ops, template, memory, clock)
+                t_s = clock[-1]
+        finally:
+            mem.now = now
         ex.events += self.times * (self.now.events - self.prev.events)
         self._move(t_s)
         return True
@@ -382,70 +395,34 @@ class _Jump:
             out.setdefault((op.tag.layer, ex._info(op).name), i)
         return out
 
-    def _fits(self, executed: list[Node]) -> bool:
-        """No level of the skipped runs crosses a tier's capacity (as the ledger checks it), and
-        every free finds its tensor held."""
-        ex, mem = self.ex, self.ex.memory
-        saved = mem.rank_bytes
-        rank = mem.rank_bytes = dict(saved)
-        added: dict[Any, int] = {}
-        try:
-            for j in range(1, self.times + 1):
-                for n in executed:
-                    body = self._target(n, j * self.stretch.ops).body
-                    if isinstance(body, Alloc):
-                        rank[body.tier] += body.nbytes
-                        added[(body.tier, ex._bind(body.tensor, n.micro_batch))] = body.nbytes
-                    elif isinstance(body, Free):
-                        key = (body.tier, ex._bind(body.tensor, n.micro_batch))
-                        held = added.pop(key, None)
-                        if held is None:
-                            holding = mem.held.get(key)
-                            if holding is None:
-                                return False
-                            held = holding[0]
-                        rank[body.tier] -= held
-                    if any(mem.level(t) > mem.capacity_bytes[t] * (1 + 1e-9) for t in mem.capacity_bytes):
-                        return False
-        finally:
-            mem.rank_bytes = saved
-        return True
-
-    def _copy(self, j: int, spans: list[Span], names: dict[tuple[int, str], int], executed: list[Node],
-              clock: list[float], at: dict[float, int]) -> None:
-        """Record copy ``j`` of the template run at the copy's clock values (``clock``, by their
-        place in the template's chain), and apply its allocations and frees."""
+    def _copy(self, shift: int, spans: list[tuple[Span, int, int, int]], memory: list[tuple[int, int, int]],
+              clock: list[float]) -> None:
+        """Record a copy of the template run ``shift`` ops on at the copy's clock values
+        (``clock``, by their place in the template's chain), and apply its allocations and frees
+        in their order. The ledger checks each as in the full run: a level over a capacity, or a
+        free of what is not held, raises there the error the full run raises (same op, same
+        time, same level)."""
         ex = self.ex
-        ops, shift = self.block.ops, j * self.stretch.ops
+        ops, infos = self.block.ops, ex._block_infos[id(self.block)][0]
         append = ex.rec.spans.append
-        for s in spans:
-            target = ops[names[(s.layer, s.name)] + shift]
-            append(Span(s.iteration, s.phase, s.resource, s.kind, ex._info(target).name, target.tag.layer,
-                        clock[at[s.start_s]], clock[at[s.end_s]], s.bytes))
+        for s, i, start, end in spans:
+            target = ops[i + shift]
+            append(Span(s.iteration, s.phase, s.resource, s.kind, infos[i + shift].name, target.tag.layer,
+                        clock[start], clock[end], s.bytes))
         mem = ex.memory
-        clock_now = mem.now
-        try:
-            for n in executed:
-                op = self._target(n, shift)
-                body = op.body
-                if isinstance(body, Alloc):
-                    mem.now = _at(clock[at[n.start_s]])
-                    mem.hold(body.tier, ex._bind(body.tensor, n.micro_batch), body.nbytes,
-                             _namer(ex, op), op.tag.mechanism)
-                elif isinstance(body, Free):
-                    mem.now = _at(clock[at[n.start_s]])
-                    mem.free(body.tier, ex._bind(body.tensor, n.micro_batch))
-        finally:
-            mem.now = clock_now
-
-    def _target(self, n: Node, shift: int) -> Op:
-        return self.block.ops[self._index(n) + shift]
+        for i, micro_batch, at in memory:
+            op = ops[i + shift]
+            body = op.body
+            mem.now = _at(clock[at])
+            if isinstance(body, Alloc):
+                mem.hold(body.tier, ex._bind(body.tensor, micro_batch), body.nbytes, _namer(ex, op), op.tag.mechanism)
+            else:
+                assert isinstance(body, Free)
+                mem.free(body.tier, ex._bind(body.tensor, micro_batch))
 
     def _index(self, n: Node) -> int:
-        """The block index of a template op instance (its op's position, found once)."""
-        if not self._indices:
-            self._indices = {id(op): i for i, op in enumerate(self.block.ops)}
-        return self._indices[id(n.op)]
+        """The block index of a template op instance."""
+        return self.indices[id(n.op)]
 
     def _move(self, t_new: float) -> None:
         """The clock, the op instances in flight, the cursor, the writers and the phase moved on
