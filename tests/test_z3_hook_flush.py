@@ -134,3 +134,30 @@ def test_hooks_applied_twice_change_nothing(tiny_profile, tiny_workload) -> None
     whole, _ = _config(tiny_profile, tiny_workload, 1e9)  # one bucket: the epilogue flushes it
     plain = _system(whole, sz, hooked=False)
     assert with_gradient_hooks(plain) is plain
+
+
+def test_next_flush_hooks_make_the_ipg_buffer_once(tiny_profile, tiny_workload) -> None:
+    """v0.3.12-v0.5.10 (``next_flush``: the IPG buffer made per backward, the host waiting for
+    the previous bucket's reduction at each flush) runs with the hooks too: the buffer is made
+    once per backward, at the first gradient, and the same bytes move as without the hooks."""
+    cfg, sz = _config(tiny_profile, tiny_workload, 5e6)
+    cfg = cfg.model_copy(update={"strategy": cfg.strategy.model_copy(update={"z3_grad_flush": "next_flush",
+                                                                               "z3_host_grads": "legacy"})})
+    from offsim.schedule.ops import Alloc, Block
+    from offsim.systems._compile import compile_system
+
+    def ops(parts):
+        for part in parts:
+            yield from part.ops if isinstance(part, Block) else ops(part.period)
+
+    from offsim.mechanisms.grads import GRAD_SLOTS
+    from offsim.schedule.ops import Acquire
+
+    every = list(ops(compile_system(_system(cfg, sz, hooked=True)).body))
+    ipg = [op for op in every if isinstance(op.body, Alloc) and op.body.tensor.unit == -5]
+    assert len(ipg) == 1
+    first_flush = next(op for op in every if isinstance(op.body, Acquire) and op.body.pool == GRAD_SLOTS)
+    assert ipg[0].id < first_flush.id  # block 1's first hook flushes: the buffer is there before
+    hooked, plain = _run(cfg, sz, hooked=True), _run(cfg, sz, hooked=False)
+    assert sum(s.bytes for s in hooked[0].spans if s.resource == "d2h") == \
+        sum(s.bytes for s in plain[0].spans if s.resource == "d2h")

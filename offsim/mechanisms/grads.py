@@ -305,7 +305,8 @@ class Grads:
         ``independent_gradient_partition_epilogue``: ``partition_previous_reduced_grads``), the
         IPG buffer(s) (``_release_ipg_buffers``)."""
         t = tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD, site.layer)
-        if self.ipg_bytes > 0 and site.position == 0:  # after this layer's backward kernels
+        hooked = any(bk.flush_at is not None for bk in self.buckets)
+        if self.ipg_bytes > 0 and site.position == 0 and not hooked:  # after this layer's backward kernels
             b.add(Alloc(Tier.GPU, self.ipg_bytes, IPG_BUFFER), t, after=_last_of(b, COMPUTE))
         for k, bucket in enumerate(self.buckets):
             if bucket.flush_layer == site.layer and bucket.flush_at is None:
@@ -330,7 +331,11 @@ class Grads:
         when ``bucket.elements + param.ds_numel > reduce_bucket_size``), its host waits (the
         reduce throttle, a blocking copy) on the compute stream before the layer's next kernels,
         its reduction and copies on the reduction stream beside them (the same rule in v0.3.15's
-        stage3.py, so no version switch)."""
+        stage3.py, so no version switch). The IPG buffer(s) made per backward (``NEXT_FLUSH``)
+        come at the first layer's first gradient, before any flush."""
+        if self.ipg_bytes > 0 and site.position == 0 and cut == 0:
+            b.add(Alloc(Tier.GPU, self.ipg_bytes, IPG_BUFFER), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD,
+                                                                   site.layer), after=_last_of(b, COMPUTE))
         for k, bucket in enumerate(self.buckets):
             if bucket.flush_at == (site.layer, cut):
                 self._bucket(b, site, k, bucket)
