@@ -202,7 +202,7 @@ def _draws() -> Draws:
 
 def test_drivers_name_the_ranges_that_move_a_figure() -> None:
     """a follows m exactly (rho +1); b's ranks 4 1 3 0 2 against m's 0..4: dx -2 -1 0 1 2,
-    dy 2 -1 1 -2 0, sum dx dy = -4 + 1 + 0 - 2 + 0 = -5, over 10: rho -0.5."""
+    dy 2 -1 1 -2 0, sum dx dy = -4 + 1 + 0 - 2 + 0 = -5, over 10: rho -0.5, named (|rho| >= 0.5)."""
     (a, b) = drivers(_draws(), "m")
     assert (a.id, a.rho) == ("a", pytest.approx(1.0))
     assert (b.id, b.rho) == ("b", pytest.approx(-0.5))
