@@ -56,3 +56,11 @@ def test_pinned_fp32_grads_rounded_per_layout_sub_group() -> None:
     grads = "grads (optimizer format)"
     assert footprint(_vanilla(True)).breakdown["host_pinned"][grads] == 34 * 2**30
     assert footprint(_vanilla(False)).breakdown["host_pinned"][grads] == 595 * 2**26
+
+
+def test_shipped_vanilla_case_steps_the_logs_sub_groups() -> None:
+    """validation/cases.yaml's vanilla case sets megatron_layout from its log, as the DOS case does:
+    its step loops over the 130 sub-groups the log prints (GROUPS), in DeepSpeed's order."""
+    case = next(c for c in load_cases(default_cases_path()) if c.id == VANILLA)
+    opt = _optimizer(case_config(case))
+    assert [g.adam.nbytes for g in opt.groups] == [28 * n for n in GROUPS]
