@@ -18,8 +18,9 @@ Rows, with their baselines:
   at ``--accumulation`` micro-batches (default the issue's 10,000), its time against the SimPy loop
   and its peak resident memory;
 * the same two rows with the steady-state shortcut off (``run_schedule(steady_shortcut=False)``,
-  every repetition simulated), the accumulation at ``--full-accumulation`` micro-batches (default
-  1,000: all 10,000 take about four minutes);
+  every repetition simulated) and the layer shortcut off (every layer simulated), the
+  accumulation at ``--full-accumulation`` micro-batches (default 1,000: all 10,000 take about
+  four minutes), and that accumulation with the layer shortcut on (its default) against off;
 * sweep points/s of a 7B grid (``sweep_throughput.py``'s 10,000 points, every ``10,000 /
   --sweep-points``-th, so all four strategies) on 2 local workers, and Dask's rate on a 2-worker
   LocalCluster against the process pool's.
@@ -81,11 +82,20 @@ def simpy_loop_s(events: int = LOOP_EVENTS, repeats: int = 5) -> float:
     return best
 
 
-def full_simulation() -> None:
+def full_simulation(layers_too: bool = True) -> None:
     """Switch the steady-state shortcut off in this process: ``simulate`` then runs every
-    repetition (the explicit ``steady_shortcut`` argument of ``run_schedule``)."""
+    repetition (the explicit ``steady_shortcut`` argument of ``run_schedule``); ``layers_too``:
+    and the layer shortcut (:mod:`offsim.engine.layers`, where the tree has it), so that every
+    layer is simulated as well."""
     import offsim.simulation as sim
 
+    if layers_too:
+        try:
+            from offsim.engine import layers
+        except ImportError:  # a tree without it
+            pass
+        else:
+            layers.DEFAULT = False
     run = sim.run_schedule
 
     def every_repetition(cfg: Any, sz: Any, on_iteration: Any = None, steady_shortcut: bool = True,
@@ -184,9 +194,10 @@ def probe_accumulation(micro_batches: int) -> dict[str, float]:
 PROBES = {"engine": probe_engine, "iterations": probe_iterations, "accumulation": probe_accumulation}
 
 
-def run_probe(name: str, arg: int, tree: Path | None, shortcut: bool = True) -> dict[str, float]:
+def run_probe(name: str, arg: int, tree: Path | None, shortcut: bool = True, layers: bool = False) -> dict[str, float]:
     """Run one probe in a fresh interpreter; ``tree``: an old revision's files, old engine;
-    ``shortcut``: False simulates every repetition."""
+    ``shortcut``: False simulates every repetition, and every layer unless ``layers`` (the layer
+    shortcut left at its default)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree if tree is not None else REPO)  # not an installed copy
     if tree is not None:
@@ -194,6 +205,7 @@ def run_probe(name: str, arg: int, tree: Path | None, shortcut: bool = True) -> 
     else:
         env.pop("OFFSIM_ENGINE", None)
     argv = [sys.executable, __file__, "--probe", name, str(arg)] + ([] if shortcut else ["--full"])
+    argv += ["--layers"] if layers else []
     out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -343,7 +355,9 @@ def full_rows(m: dict[str, dict[str, float]], accumulation: int) -> list[tuple[s
          f"{acf['peak_rss_bytes'] / 2**20:.0f} MiB ({acf['rss_before_bytes'] / 2**20:.0f} MiB)", ""),
         ("7B accumulation, per micro-batch: shortcut off / on",
          _ratio(acf['wall_s'] / acf['micro_batches'], ac['wall_s'] / ac['micro_batches']), ""),
-    ]
+    ] + ([(f"7B, {accumulation:,} micro-batches, steady shortcut off: layer shortcut on / off",
+           f"{m['accumulation_layers']['wall_s']:.2f} s / {acf['wall_s']:.2f} s = "
+           f"{_ratio(m['accumulation_layers']['wall_s'], acf['wall_s'])}", "")] if "accumulation_layers" in m else [])
 
 
 def measure(args: argparse.Namespace, tree: Path | None) -> dict[str, dict[str, float]]:
@@ -358,6 +372,8 @@ def measure(args: argparse.Namespace, tree: Path | None) -> dict[str, dict[str, 
     if tree is None:
         out["iterations_full"] = run_probe("iterations", 1, tree, shortcut=False)
         out["accumulation_full"] = run_probe("accumulation", args.full_accumulation, tree, shortcut=False)
+        out["accumulation_layers"] = run_probe("accumulation", args.full_accumulation, tree, shortcut=False,
+                                               layers=True)
     return out
 
 
@@ -396,9 +412,10 @@ def main() -> None:
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--probe", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--full", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--layers", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.full:
-        full_simulation()
+        full_simulation(layers_too=not args.layers)
     if args.probe:
         print(json.dumps(PROBES[args.probe[0]](int(args.probe[1]))))
         return

@@ -43,7 +43,9 @@ class Cursor:
         self.op_index = 0
         self.nodes: list[Node] = []
         self.iteration, self.micro_batch = 0, -1
-        self.crossed: list[Frame] = []
+        #: frames that began a repetition, and (block, op index, op instances) of the runs of
+        #: layer stretches begun (:mod:`offsim.engine.layers`), in order
+        self.crossed: list[Frame | tuple[Block, int, list[Node]]] = []
         self.on_enter: Callable[[Frame], None] | None = None  # called as a repeat is entered
 
     def __iter__(self) -> Cursor:

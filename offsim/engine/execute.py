@@ -195,7 +195,8 @@ class Executor:
             Delay: self._start_delay, Flow: self._start_flow, Alloc: self._start_alloc, Free: self._start_free,
             Acquire: self._start_acquire, Release: self._start_release, Join: self._finish, Choose: self._choose}
         self._infos: dict[int, _OpInfo] = {}  # per template op (by id; the info keeps the op alive)
-        self._block_infos: dict[int, tuple[list[_OpInfo], Block]] = {}  # per block of the body: its ops' infos
+        #: per block of the body: its ops' infos, and the layer shortcut's run starts
+        self._block_infos: dict[int, tuple[list[_OpInfo], Block, dict[int, layer_period.Stretch]]] = {}
         self._flow_keys: dict[tuple[int, float], int] = {}  # (id of a usage of ``_usages``, cap) -> network key
         self._strs: dict[object, str] = {}
         self._roles: dict[tuple[type, str | None, Phase], _Role] = {}
@@ -268,12 +269,8 @@ class Executor:
             self.cursor.on_enter = steady.entered
         if with_layers:
             self.layers = layer_period.LayerShortcut(self)
-            self._advance = self._advance_layers  # type: ignore[method-assign]
         self._advance()
-        if self.layers is not None:
-            self._loop_layers(steady, self.layers)
-        else:
-            self._loop(steady)
+        self._loop(steady)
         self._close()
         if memo is not None and key is not None:
             memo.store(key, self)
@@ -289,35 +286,14 @@ class Executor:
         while True:
             if cursor.crossed:
                 frames, cursor.crossed = cursor.crossed, []
-                if steady is not None:
-                    self.events = events
-                    for frame in frames:
-                        steady.at_boundary(frame)
-                    events = self.events
-            if not queue:
-                break
-            clock.now_s, _, call, arg = heappop(queue)
-            call(arg)
-            events += 1
-        self.events = events
-
-    def _loop_layers(self, steady: SteadyState | None, layers: layer_period.LayerShortcut) -> None:
-        """:meth:`_loop` that also lets the layer shortcut look at each run of a stretch begun."""
-        cursor, clock = self.cursor, self.clock
-        queue = clock.queue
-        events = self.events  # as in :meth:`_loop`: in ``self.events`` where a shortcut reads and moves it
-        while True:
-            if layers.pending is not None:
                 self.events = events
-                layers.at_boundary()
-                events = self.events
-            if cursor.crossed:
-                frames, cursor.crossed = cursor.crossed, []
-                if steady is not None:
-                    self.events = events
-                    for frame in frames:
+                for frame in frames:
+                    if isinstance(frame, tuple):  # a run of a layer stretch begun (:meth:`_issue_runs`)
+                        assert self.layers is not None
+                        self.layers.at_boundary(frame)
+                    elif steady is not None:
                         steady.at_boundary(frame)
-                    events = self.events
+                events = self.events
             if not queue:
                 break
             clock.now_s, _, call, arg = heappop(queue)
@@ -325,37 +301,28 @@ class Executor:
             events += 1
         self.events = events
 
-    def _advance_layers(self) -> None:
-        """:meth:`_advance` that notes, for the layer shortcut, each run of a stretch begun."""
-        cursor, block_infos, layers = self.cursor, self._block_infos, self.layers
-        assert layers is not None
-        while True:
-            block = cursor.block
-            if block is None or cursor.op_index >= len(block.ops):
-                try:
-                    block = cursor.next_block()
-                except StopIteration:
-                    return
-            ops, index = block.ops, cursor.op_index
-            infos = block_infos.get(id(block))
-            if infos is None:
-                infos = block_infos[id(block)] = ([self._info(op) for op in ops], block)
-            starts = layers.starts(block)
-            iteration, micro_batch, nodes = cursor.iteration, cursor.micro_batch, cursor.nodes
-            while index < len(ops):
-                if index in starts:
-                    layers.pending = (block, index, nodes)
-                op, info = ops[index], infos[0][index]
-                index += 1
-                cursor.op_index = index
-                node = Node(op, iteration, micro_batch, info.phase, info)
-                nodes.append(node)
-                after = info.after
-                self._issue(node, ([nodes[after[0]]] if len(after) == 1 else [nodes[a] for a in after]) if after
-                            else [], micro_batch)
-                if info.main and not node.finished:
-                    node.waiters.append(self._advance)
-                    return
+    def _issue_runs(self, block: Block, infos: list[_OpInfo], starts: dict[int, layer_period.Stretch]) -> bool:
+        """:meth:`_advance`'s issue loop for a block with layer stretches: as it, and each op
+        that begins a run of a stretch noted for the layer shortcut (in ``cursor.crossed``, looked
+        at once the clock's step is over); True where it stopped at an op of the main stream."""
+        cursor = self.cursor
+        ops, index = block.ops, cursor.op_index
+        iteration, micro_batch, nodes = cursor.iteration, cursor.micro_batch, cursor.nodes
+        while index < len(ops):
+            if index in starts:
+                cursor.crossed.append((block, index, nodes))
+            op, info = ops[index], infos[index]
+            index += 1
+            cursor.op_index = index
+            node = Node(op, iteration, micro_batch, info.phase, info)
+            nodes.append(node)
+            after = info.after
+            self._issue(node, ([nodes[after[0]]] if len(after) == 1 else [nodes[a] for a in after]) if after
+                        else [], micro_batch)
+            if info.main and not node.finished:
+                node.waiters.append(self._advance)
+                return True
+        return False
 
     def _walk_accesses(self) -> None:
         """Give each cache its access sequences (for policies that read ahead), and count the
@@ -387,8 +354,14 @@ class Executor:
                     return
             ops, index = block.ops, cursor.op_index
             infos = block_infos.get(id(block))
-            if infos is None:  # every op of a block entered is issued: their infos, in order (the block kept alive)
-                infos = block_infos[id(block)] = ([self._info(op) for op in ops], block)
+            if infos is None:  # every op of a block entered is issued: their infos, in order (the block kept alive),
+                # and where a layer stretch's runs begin (:mod:`offsim.engine.layers`)
+                infos = block_infos[id(block)] = ([self._info(op) for op in ops], block,
+                                                  self.layers.starts(block) if self.layers is not None else {})
+            if infos[2]:
+                if self._issue_runs(block, infos[0], infos[2]):
+                    return
+                continue
             iteration, micro_batch, nodes = cursor.iteration, cursor.micro_batch, cursor.nodes
             while index < len(ops):
                 op = ops[index]
@@ -730,7 +703,6 @@ class Executor:
         if self.layers is not None:
             self.layer_runs_skipped = self.layers.skipped
         self.layers = None
-        self.__dict__.pop("_advance", None)
 
     def _close(self) -> None:
         for (it, _mb, phase), (start, end) in self.phases.items():

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from offsim.engine.node import Node
@@ -115,19 +116,23 @@ def canon(op: Op, layer: int, first: int) -> tuple[Any, ...] | None:
 
 def plan_block(block: Block, main: str | None) -> list[Stretch]:
     """The block's stretches (ops on the stream ``main`` only)."""
-    runs: list[tuple[int, int, int]] = []  # (first index, ops, layer)
+    firsts: list[int] = []
+    previous = None
     for i, op in enumerate(block.ops):
-        layer = op.tag.layer
-        if runs and block.ops[runs[-1][0]].tag.phase == op.tag.phase and runs[-1][2] == layer:
-            first, n, _ = runs[-1]
-            runs[-1] = (first, n + 1, layer)
-        else:
-            runs.append((i, 1, layer))
-    canons = []
+        tag = op.tag
+        if tag is not previous and (previous is None or tag.layer != previous.layer or tag.phase != previous.phase):
+            firsts.append(i)
+        previous = tag
+    firsts.append(len(block.ops))
+    runs = [(a, b - a, block.ops[a].tag.layer) for a, b in pairwise(firsts)]  # (first, ops, layer)
+    canons: list[tuple[Any, ...] | None] = []
     for first, n, layer in runs:
         ops = block.ops[first:first + n]
-        c = [canon(op, layer, first) if op.stream == main else None for op in ops]
-        canons.append(None if layer < 0 or None in c else tuple(c))
+        if layer < 0 or not all(op.stream == main and type(op.body) in _ALLOWED for op in ops):
+            canons.append(None)  # the cheap tests first (a 175B block has 13,627 ops, most in no stretch)
+            continue
+        c = [canon(op, layer, first) for op in ops]
+        canons.append(None if None in c else tuple(c))
     out: list[Stretch] = []
     i = 0
     while i < len(runs):
@@ -181,7 +186,6 @@ class LayerShortcut:
     def __init__(self, ex: Executor) -> None:
         self.ex = ex
         self.plans: dict[int, dict[int, Stretch]] = {}  # per block: its stretches by run start index
-        self.pending: tuple[Block, int, list[Node]] | None = None  # a run begun in the last step
         self.seen: tuple[int, Stretch, _Boundary] | None = None  # (nodes list id, stretch, boundary)
         self.skipped = 0  # runs skipped, for tests and benchmarks
         self.indices: dict[int, dict[int, int]] = {}  # per block: its ops' indices, by id
@@ -196,11 +200,10 @@ class LayerShortcut:
                     plan[s.first + r * s.ops] = s
         return plan
 
-    def at_boundary(self) -> None:
-        """A run begun in the last clock step: compare with the run before, and skip what repeats."""
-        assert self.pending is not None
-        block, index, nodes = self.pending
-        self.pending = None
+    def at_boundary(self, begun: tuple[Block, int, list[Node]]) -> None:
+        """A run begun in the last clock step (its block, its first op's index, the block
+        instance's op instances): compare with the run before, and skip what repeats."""
+        block, index, nodes = begun
         ex = self.ex
         stretch = self.plans[id(block)][index]
         if ex.cursor.nodes is not nodes or ex.cursor.block is not block:
