@@ -403,8 +403,9 @@ def _ready_points(order: list[tuple[int, tuple[int, ...]]], buckets: tuple[Reduc
     for the last (the epilogue). A gradient is taken to be ready after the kernels of the
     tensors before it and itself in backward ``order``, in proportion to their elements: a
     linear's data and weight gradients are 4 FLOPs per element per token, so its share of the
-    layer's backward GEMM FLOPs is its share of the elements (attention scores and norms, which
-    hold no or few elements, are spread over the layer pro rata, an approximation)."""
+    layer's backward GEMM FLOPs is its share of the elements (approximations: attention scores
+    and norms, which hold no or few elements, are spread over the layer pro rata; a mixture of
+    experts' expert tensors count by their elements, not by the tokens routed to them)."""
     ready = []
     for u, tensors in order:
         total, acc = sum(tensors), 0
