@@ -245,3 +245,21 @@ def test_a_case_choice_keeps_the_factor_range_on_its_field_and_is_applied_first(
     assert [a.id for a in with_declared(models, [shipped], [choice])] == ["dram", "case:dram"]
     cfg = drawn_config(models, [(shipped, 0.9), (choice, 100.0)])
     assert cfg.hardware.dram.bandwidth_gb_per_s == pytest.approx(90.0)  # type: ignore[union-attr]
+
+
+def test_run_lines_print_a_choice_as_its_values() -> None:
+    """``offsim run --samples``: a choice range lists its values and weights, a draw that does not
+    fit shows the value chosen (``=``), a factor range its factor (``x``)."""
+    from offsim.commands._intervals import intervals_lines
+    from offsim.intervals import Misfit, RangeUsed, RunIntervals
+
+    ranges = (RangeUsed("v", None, (("strategy.z3_host_grads", "flat_host_check"),), "s",
+                        choices=("flat_gpu_check", "flat_host_check"), weights=(12.0, 23.0)),
+              RangeUsed("dram", (0.85, 1.05), (("hardware.dram.bandwidth_gb_per_s", 80.0),), "s"))
+    miss = Misfit(2, "gpu", "gpu memory: needs more", (("v", "flat_gpu_check"), ("dram", 0.9)))
+    iv = RunIntervals(4, 0, 3, ranges, (1.0, 1.0, 1.0), {}, (miss,))
+    lines = intervals_lines(iv, None)
+    assert "drawn: v = flat_gpu_check, dram x0.9" in lines[1]
+    assert lines[-2] == ("  v one of flat_gpu_check, flat_host_check weights 12:23: "
+                         "strategy.z3_host_grads = flat_host_check")
+    assert lines[-1] == "  dram x0.85-x1.05: hardware.dram.bandwidth_gb_per_s = 80"
