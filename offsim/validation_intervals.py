@@ -532,10 +532,16 @@ def _from_ratios(source: str, metric: str, predicted: float, ratios: Sequence[fl
     return Interval(source, low, qs[1], high, basis)
 
 
-#: Smallest rank correlation with a figure for a range to be named among its drivers: Spearman's
-#: two-sided 5% critical value at 16 draws (0.503, Zar 1972 table; validate's usual --samples), so
-#: that the chance correlations of 16 draws (sd ~ 1/sqrt(15) = 0.26) are mostly left out.
-MIN_RHO = 0.5
+#: A range is named among a figure's drivers when its rank correlation with the figure is beyond
+#: chance at 5% (two-sided): |rho| >= 1.96 / sqrt(n - 1) over n draws that fit (Spearman's rho has
+#: standard deviation 1 / sqrt(n - 1) when unrelated; 0.506 at 16 draws, where the exact table gives
+#: 0.503, Zar 1972; 0.98 at 5 draws).
+Z_5PCT = 1.96
+
+
+def min_rho(n: int) -> float:
+    """The smallest |rho| named as a driver over ``n`` draws (above 1, none, below 3 draws)."""
+    return Z_5PCT / math.sqrt(n - 1) if n >= 3 else math.inf
 
 
 @dataclass(frozen=True)
@@ -579,12 +585,13 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 
 def drivers(draws: Draws, metric: str) -> tuple[Driver, ...]:
-    """The ranges whose draws move ``metric`` (|rho| at least :data:`MIN_RHO`), strongest first."""
+    """The ranges whose draws move ``metric`` beyond chance (|rho| at least :func:`min_rho` of the
+    draws that fit), strongest first."""
     rows = [(pos, vals[metric]) for pos, vals in draws.rows if metric in vals]
     found = []
     for rid in draws.assumptions:
         rho = spearman([p[rid] for p, _ in rows], [v for _, v in rows])
-        if rho is not None and abs(rho) >= MIN_RHO:
+        if rho is not None and abs(rho) >= min_rho(len(rows)):
             found.append(Driver(rid, rho))
     return tuple(sorted(found, key=lambda d: -abs(d.rho)))
 

@@ -24,6 +24,7 @@ from offsim.validation_intervals import (
     drawn_config,
     drivers,
     latin_hypercube,
+    min_rho,
     position,
     spearman,
     with_declared,
@@ -200,12 +201,14 @@ def _draws() -> Draws:
     return Draws(("a", "b"), 5, 5, {"m": tuple(v["m"] for _, v in rows)}, rows)
 
 
-def test_drivers_name_the_ranges_that_move_a_figure() -> None:
+def test_drivers_name_the_ranges_that_move_a_figure_beyond_chance() -> None:
     """a follows m exactly (rho +1); b's ranks 4 1 3 0 2 against m's 0..4: dx -2 -1 0 1 2,
-    dy 2 -1 1 -2 0, sum dx dy = -4 + 1 + 0 - 2 + 0 = -5, over 10: rho -0.5, named (|rho| >= 0.5)."""
-    (a, b) = drivers(_draws(), "m")
+    dy 2 -1 1 -2 0, sum dx dy = -4 + 1 + 0 - 2 + 0 = -5, over 10: rho -0.5. Over 5 draws the
+    bar is 1.96 / sqrt(4) = 0.98: a is named, b is not; over 16 it is 1.96 / sqrt(15) = 0.506."""
+    (a,) = drivers(_draws(), "m")
     assert (a.id, a.rho) == ("a", pytest.approx(1.0))
-    assert (b.id, b.rho) == ("b", pytest.approx(-0.5))
+    assert min_rho(5) == pytest.approx(0.98) and min_rho(16) == pytest.approx(0.5061, abs=1e-4)
+    assert min_rho(2) == float("inf")
 
 
 def _figure(measured: float, drivers_: tuple = ()) -> FigureIntervals:
