@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from heapq import heappop
 
-from offsim.core.enums import Activity, CacheId, ChoiceId, Phase
+from offsim.core.enums import Activity, CacheId, ChoiceId, Phase, StreamKind
 from offsim.engine import layers as layer_period
 from offsim.engine import reuse
 from offsim.engine.cursor import Cursor
@@ -87,6 +87,10 @@ def duplex_rule(efficiency: float) -> Callable[[set[str], dict[str, float]], dic
     return rule
 
 
+#: the span resource of a kernel (``Delay``) on a CPU stream: the host thread's time, not the
+#: GPU's (metrics count only ``gpu`` spans as GPU busy, ``cpu`` ones as the CPU optimizer's)
+HOST = "host"
+
 #: the meta of the executor's flows (each flow's op instance is its ``arg``)
 _NO_META: dict[str, object] = {}
 
@@ -120,10 +124,11 @@ class _OpInfo:
         after: the op's ``after`` (indices in its block).
         activity: the op's activity, as spans name it.
         links: a flow's links, as spans name them (one span each).
+        resource: a kernel's span resource (:data:`HOST` on a CPU stream, else ``gpu``).
     """
 
     __slots__ = ("access", "activity", "after", "flow_key", "links", "main", "name", "op", "ordered", "phase", "queue",
-                 "start", "then", "usage")
+                 "resource", "start", "then", "usage")
 
     def __init__(self, ex: Executor, op: Op) -> None:
         body, tag = op.body, op.tag
@@ -134,6 +139,9 @@ class _OpInfo:
         if role is None:
             role = ex._role(body, op.stream, tag.phase)
         self.phase, self.main, self.queue, self.ordered, self.access, self.start, self.then, flow, kernel = role
+        # a kernel's span resource: the host thread's for a kernel on a CPU stream (the host
+        # issue of :mod:`offsim.mechanisms.host_dispatch`), the GPU's otherwise
+        self.resource = HOST if op.stream in ex.host_streams else "gpu"
         if flow or kernel:
             self.name = ex._what_op(op)
             self.activity = ex._str(tag.activity)
@@ -169,6 +177,7 @@ class Executor:
         self.copy_engines = Slots(clock, machine.copy_engines)
         self.pools = {p.name: Pool(clock, max(p.capacity, 1), max(p.capacity, 1)) for p in schedule.pools}
         self.main = next((s.name for s in schedule.streams if s.records_stalls), None)
+        self.host_streams = frozenset(s.name for s in schedule.streams if s.kind == StreamKind.CPU)
         self.caches: dict[CacheId, PolicyCache | FetchTracker] = {}
         for spec in schedule.caches:
             policy = policies.get(spec.id)
@@ -635,8 +644,8 @@ class Executor:
 
     def _kernel_done(self, node: Node) -> None:
         info = node.info
-        self.rec.spans.append(Span(node.iteration, node.phase, "gpu", info.activity, info.name, node.op.tag.layer,
-                                   node.start_s, self.clock.now_s))
+        self.rec.spans.append(Span(node.iteration, node.phase, info.resource, info.activity, info.name,
+                                   node.op.tag.layer, node.start_s, self.clock.now_s))
         self._finish(node)
 
     def _flow_done(self, flow: NetFlow) -> None:
