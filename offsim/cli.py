@@ -11,20 +11,16 @@ exit codes of every command are listed once, in :mod:`offsim.commands._common`.
 from __future__ import annotations
 
 import atexit
-import errno
 import functools
 import gc
 import importlib
 import json
-import os
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TextIO, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer._click.utils import PacifyFlushWrapper
 from typer.core import TyperCommand, TyperGroup
 
 from offsim import __version__
@@ -46,7 +42,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
     from typer import _click as click  # Typer's own copy of click, which its groups hold
 
-__all__ = ["COMMAND_MODULES", "ConsoleApp", "app", "commands", "fast_run_args"]
+__all__ = ["COMMAND_MODULES", "ConsoleApp", "app", "commands"]
 
 #: Each command defined in :mod:`offsim.commands`, with the module that defines it (a test checks
 #: this against the modules' ``register``). The help lists them in this order, after the core ones.
@@ -192,109 +188,11 @@ class LazyGroup(TyperGroup):
 
 class ConsoleApp(typer.Typer):
     """The ``offsim`` app; calling it (what the ``offsim`` console script does, ``app()``) also
-    freezes the collector's objects at interpreter exit (:func:`freeze_at_exit`). A plain
-    ``offsim run`` command line (:func:`fast_run_args`) is run without Typer's parsing
-    (:meth:`run_fast`)."""
+    freezes the collector's objects at interpreter exit (:func:`freeze_at_exit`)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         freeze_at_exit()
-        if not args and not kwargs and not any(name.endswith("_COMPLETE") for name in os.environ):
-            parsed = fast_run_args(sys.argv[1:])
-            if parsed is not None:
-                return self.run_fast(parsed)
         return super().__call__(*args, **kwargs)
-
-    def run_fast(self, kwargs: dict[str, Any]) -> NoReturn:
-        """:func:`run` with ``kwargs``, ended as Typer ends a command in standalone mode
-        (``typer.core._main`` and ``Typer.__call__``, typer 0.29): :class:`typer.Exit` exits with
-        its code, Ctrl-C with 130, a broken pipe with 1, end of input with "Aborted!" and 1; any
-        other exception is marked for Typer's exception hook and raised. Typer builds the whole
-        group and a pydantic ``TypeAdapter`` for each of ``run``'s 12 parameters before it calls
-        it: ~10 ms of the process's ~340 ms CPU (issue 16)."""
-        if sys.excepthook != typer.main.except_hook:
-            sys.excepthook = typer.main.except_hook
-        try:
-            with few_collections():
-                run(**kwargs)
-        except EOFError:
-            typer.echo(file=sys.stderr)
-            self._aborted()
-        except KeyboardInterrupt:
-            sys.exit(130)
-        except typer.Exit as exc:
-            sys.exit(exc.exit_code)
-        except OSError as exc:
-            if exc.errno != errno.EPIPE:
-                raise self._marked(exc) from None
-            sys.stdout = cast(TextIO, PacifyFlushWrapper(sys.stdout))
-            sys.stderr = cast(TextIO, PacifyFlushWrapper(sys.stderr))
-            sys.exit(1)
-        except Exception as exc:
-            raise self._marked(exc) from None
-        sys.exit(0)
-
-    def _aborted(self) -> NoReturn:
-        """Say "Aborted" as Typer does (``typer.core._main``'s ``Abort``) and exit with 1."""
-        if typer.core.HAS_RICH and self.rich_markup_mode is not None:
-            from typer import rich_utils
-
-            rich_utils.rich_abort_error()
-        else:
-            typer.echo("Aborted!", file=sys.stderr)
-        sys.exit(1)
-
-    def _marked(self, exc: Exception) -> Exception:
-        """``exc`` marked as ``Typer.__call__`` marks it for its exception hook."""
-        setattr(exc, typer.main._typer_developer_exception_attr_name, typer.main.DeveloperExceptionConfig(
-            pretty_exceptions_enable=self.pretty_exceptions_enable,
-            pretty_exceptions_show_locals=self.pretty_exceptions_show_locals,
-            pretty_exceptions_short=self.pretty_exceptions_short))
-        return exc
-
-
-#: ``offsim run``'s options that :func:`fast_run_args` reads: option -> (parameter, type)
-FAST_RUN_OPTIONS: dict[str, tuple[str, type]] = {
-    "--hardware": ("hardware", str), "-H": ("hardware", str),
-    "--workload": ("workload", str), "-w": ("workload", str),
-    "--strategy": ("strategy", str), "-s": ("strategy", str),
-    "--iterations": ("iterations", int), "--warmup": ("warmup", int),
-    "--json": ("as_json", bool), "--quiet": ("quiet", bool), "-q": ("quiet", bool),
-}
-#: the least value of each integer option (``opt.Iterations``: min 1, ``opt.Warmup``: min 0)
-FAST_RUN_MIN = {"iterations": 1, "warmup": 0}
-
-
-def fast_run_args(argv: Sequence[str]) -> dict[str, Any] | None:
-    """``run``'s keyword arguments for a command line that is ``run`` followed by options of
-    :data:`FAST_RUN_OPTIONS` in their plainest form: each at most once, as its own word, a value
-    as the next word, not empty and not starting with ``-``, an integer as decimal digits (no
-    leading zero) within its bounds. None for any other command line, which Typer parses (help,
-    errors, ``--opt=value``, every other option and command): where this gives arguments, Typer
-    gives the same (``tests/test_startup_cli.py``)."""
-    if not argv or argv[0] != "run":
-        return None
-    kwargs: dict[str, Any] = {}
-    words = list(argv[1:])
-    while words:
-        spec = FAST_RUN_OPTIONS.get(words.pop(0))
-        if spec is None or spec[0] in kwargs:
-            return None
-        name, kind = spec
-        if kind is bool:
-            kwargs[name] = True
-            continue
-        value = words.pop(0) if words else ""
-        if not value or value.startswith("-"):
-            return None
-        if kind is int:
-            if not (value.isascii() and value.isdigit()) or len(value) > 9 or (value[0] == "0" and value != "0"):
-                return None
-            if int(value) < FAST_RUN_MIN[name]:
-                return None
-            kwargs[name] = int(value)
-        else:
-            kwargs[name] = value
-    return kwargs
 
 
 @functools.cache  # registered once, at the first call, however often the app runs in a process
