@@ -97,18 +97,21 @@ def make_executor(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, i
 
 def run_schedule(cfg: RunConfig, sz: StateSizes, on_iteration: Callable[[int, int], None] | None = None,
                  steady_shortcut: bool = True, system: System | None = None,
-                 schedule: Schedule | None = None) -> tuple[Recorder, dict[str, float], int]:
+                 schedule: Schedule | None = None,
+                 layer_shortcut: bool | None = None) -> tuple[Recorder, dict[str, float], int]:
     """Compile ``cfg`` (its composition ``system``, if already made; nothing when its
     ``schedule`` is given) into a schedule and execute it; returns the recorder, the peak bytes
     per reported tier and the clock entries processed (one per event SimPy would have processed).
 
     ``steady_shortcut``: skip the repetitions of an iteration or a micro-batch once the run is
     in a steady state (:mod:`offsim.engine.steady`; the same metrics); False simulates every one.
+    ``layer_shortcut``: skip a block's runs of identical layers (:mod:`offsim.engine.layers`; the
+    same records bit for bit); None takes the engine's default, False simulates every layer.
     """
     executor = make_executor(cfg, sz, on_iteration, system, schedule)
     rec = executor.rec
     with _few_collections():
-        events = executor.run(steady_shortcut)
+        events = executor.run(steady_shortcut, layer_shortcut)
     return rec, executor.memory.peak_bytes, events
 
 

@@ -26,10 +26,9 @@ starting when the GPU has drained (DeepSpeed's forward starts after a device syn
 
 :func:`dispatch_chain` computes it in closed form (the plan side); :class:`HostDispatched` adds
 it to a compute mechanism's ops (a host-thread stream whose ops the compute stream waits for).
-Two limits of the engine as it is: its program counter is the compute stream, so the host runs
-one layer ahead, not freely (:meth:`HostDispatched._issue`); and it records every ``Delay`` as a
-GPU span, so with the host time on, ``gpu_busy_fraction`` counts the host's issue as GPU work
-(the forward, backward and iteration times and the stalls are right).
+One limit of the engine as it is: its program counter is the compute stream, so the host runs
+one layer ahead, not freely (:meth:`HostDispatched._issue`). The host's issue is recorded as a
+``host`` span (``engine/execute.py`` ``HOST``), not as GPU work.
 """
 
 from __future__ import annotations

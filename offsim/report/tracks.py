@@ -18,10 +18,11 @@ from offsim.trace import Span
 
 #: Resources in drawing order (top to bottom).
 RESOURCES = ("gpu", "gpu_stall", "h2d", "d2h", "nvme_read", "nvme_write", "pfs_read", "pfs_write", "cpu",
-             "dram_copy", "gpu_link")
+             "host", "dram_copy", "gpu_link")
 RESOURCE_LABELS = {
     "gpu": "GPU compute", "gpu_stall": "GPU waiting", "h2d": "PCIe H2D", "d2h": "PCIe D2H",
     "nvme_read": "NVMe read", "nvme_write": "NVMe write", "cpu": "CPU optimizer",
+    "host": "Host thread (kernel issue, hooks)",
     "dram_copy": "Host copies (DRAM)", "gpu_link": "GPU-GPU link",
     "pfs_read": "Parallel FS read", "pfs_write": "Parallel FS write",
 }
