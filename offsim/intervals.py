@@ -18,6 +18,8 @@ configuration (:func:`offsim.validation_intervals.drawn_configs`, the draws ``of
 The ranges are those a profile or a workload declares for its own fields (``assumed``,
 :mod:`offsim.config.assumed`), then those of the assumptions file (the shipped
 ``validation/assumptions.yaml`` unless another is given) on the fields the files do not declare.
+A range of that file may be a discrete choice (``choices``, drawn uniformly or by ``weights``:
+a strategy's DeepSpeed version switch, for one), reported with the value each draw chose.
 
 Quantiles are linear between order statistics (:func:`offsim.validation_intervals.quantile`,
 numpy's default).

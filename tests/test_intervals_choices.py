@@ -266,3 +266,20 @@ def test_run_lines_print_a_choice_as_its_values() -> None:
     assert lines[-2] == ("  v one of flat_gpu_check, flat_host_check weights 12:23: "
                          "strategy.z3_host_grads = flat_host_check")
     assert lines[-1] == "  dram x0.85-x1.05: hardware.dram.bandwidth_gb_per_s = 80"
+
+
+def test_run_intervals_draw_a_choice_of_the_assumptions_file() -> None:
+    """offsim run --samples with a choice range: each draw records the value it chose, and the
+    range is reported with its choices; 4 draws of 2 uniform choices give each twice (strata 0-1
+    below 0.5, 2-3 above)."""
+    from offsim.config.run import make_run_config
+    from offsim.intervals import run_intervals
+
+    m = _models(st="zero-offload")
+    cfg = make_run_config(m["hardware"], m["workload"], m["strategy"])
+    lp = Assumption(id="lp", paths=["strategy.lp_copy"], choices=["separate_cast", "fused_zero_copy"], source="s")
+    iv = run_intervals(cfg, [lp], samples=4)
+    assert sorted(dict(f)["lp"] for f in iv.factors) == ["fused_zero_copy"] * 2 + ["separate_cast"] * 2
+    (used,) = iv.ranges
+    assert used.choices == ("separate_cast", "fused_zero_copy") and used.scale is None
+    assert used.to_dict()["values"] == {"strategy.lp_copy": "separate_cast"}
