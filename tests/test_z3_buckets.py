@@ -57,28 +57,38 @@ def test_the_fourth_bucket_waits_for_the_first_to_finish(tiny_profile, tiny_work
     tests/test_zero3_boundary_norms.py), fp32 D2H (2 GB, 2 s): 4.012 s; its event (the slot back)
     after the fp32 copy.
 
-    Forward [0, 1.25]. Backward: B4 [1.25, 1.75], bucket 4 issued, stream [1.75, 5.762]; B3
-    [1.75, 2.25], bucket 3 [5.762, 9.774]; B2 [2.25, 2.75], bucket 2 [9.774, 13.786] (three in
-    flight); B1 [2.75, 3.25]: bucket 1 finds three unfinished, the host waits for bucket 4's
-    event: stall [3.25, 5.762]; B0 [5.762, 6.262]: bucket 0 waits for bucket 3: [6.262, 9.774];
-    bucket 1 runs [13.786, 17.798], bucket 0 [17.798, 21.81]; the epilogue's drain [9.774, 21.81].
-    Backward 21.81 - 1.25 = 20.56 s (20.5 s before the norms)."""
+    Each bucket is flushed by the gradient hook of the next block's first gradient (its down
+    projection, 166,639,544 of the block's 5e8 elements: 0.166639544 s into its 0.5 s backward;
+    stage3.py ``reduce_independent_p_g_buckets_and_remove_grads``, tests/test_z3_hook_flush.py).
+    Forward [0, 1.25]. Backward: B4 [1.25, 1.75]; B3's down [1.75, 1.916639544] flushes bucket 4,
+    stream [1.916639544, 5.928639544]; B3's rest [.., 2.25]; B2's down [2.25, 2.416639544]
+    flushes bucket 3 [5.928639544, 9.940639544]; B1's down [2.75, 2.916639544] flushes bucket 2
+    [9.940639544, 13.952639544] (three in flight); B0's down [3.25, 3.416639544]: bucket 1 finds
+    three unfinished, the host waits for bucket 4's event: stall [3.416639544, 5.928639544], B0's
+    rest [5.928639544, 6.262]; the epilogue's bucket 0 waits for bucket 3: [6.262, 9.940639544];
+    bucket 1 runs [13.952639544, 17.964639544], bucket 0 [17.964639544, 21.976639544]; the drain
+    [9.940639544, 21.976639544]. Backward 20.726639544 s (20.56 s when buckets were flushed after
+    their last layer, 20.5 s before the norms)."""
     rec = _run(tiny_profile, tiny_workload, 5)
     gpu = [(s.name, s.start_s, s.end_s) for s in rec.spans
            if s.resource == "gpu" and s.phase == "backward" and s.name.endswith(" backward")]
-    assert gpu == [(f"block{i} backward", pytest.approx(a), pytest.approx(a + 0.5))
-                   for i, a in zip((4, 3, 2, 1, 0), (1.25, 1.75, 2.25, 2.75, 5.762), strict=True)]
+    cut = 0.166639544
+    pieces = [("block4", 1.25, 1.75), ("block3", 1.75, 1.75 + cut), ("block3", 1.75 + cut, 2.25),
+              ("block2", 2.25, 2.25 + cut), ("block2", 2.25 + cut, 2.75), ("block1", 2.75, 2.75 + cut),
+              ("block1", 2.75 + cut, 3.25), ("block0", 3.25, 3.25 + cut), ("block0", 5.928639544, 6.262)]
+    assert gpu == [(f"{n} backward", pytest.approx(a), pytest.approx(b)) for n, a, b in pieces]
+    ends = (5.928639544, 9.940639544, 13.952639544, 17.964639544, 21.976639544)
     norms = [(s.start_s, s.end_s) for s in rec.spans if s.phase == "backward" and "gradient norms" in s.name]
-    assert norms == [(pytest.approx(t - 2.012), pytest.approx(t - 2)) for t in (5.762, 9.774, 13.786, 17.798, 21.81)]
+    assert norms == [(pytest.approx(t - 2.012), pytest.approx(t - 2)) for t in ends]
     throttle = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "throttle" in s.name]
-    assert throttle == [(pytest.approx(3.25), pytest.approx(5.762)), (pytest.approx(6.262), pytest.approx(9.774))]
+    assert throttle == [(pytest.approx(3.25 + cut), pytest.approx(5.928639544)),
+                        (pytest.approx(6.262), pytest.approx(9.940639544))]
     drain = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "end of backward" in s.name]
-    assert drain == [(pytest.approx(9.774), pytest.approx(21.81))]
+    assert drain == [(pytest.approx(9.940639544), pytest.approx(21.976639544))]
     fp32 = [(s.name, s.start_s, s.end_s) for s in rec.spans if s.resource == "d2h" and s.bytes == 4 * PARAMS]
-    assert [(a, b) for _, a, b in fp32] == [(pytest.approx(t - 2), pytest.approx(t)) for t in (5.762, 9.774, 13.786,
-                                                                                              17.798, 21.81)]
+    assert [(a, b) for _, a, b in fp32] == [(pytest.approx(t - 2), pytest.approx(t)) for t in ends]
     backward = next(end - start for _, name, start, end in rec.phases if name == "backward")
-    assert backward == pytest.approx(20.56)
+    assert backward == pytest.approx(20.726639544)
 
 
 def test_a_70b_layer_is_two_buckets() -> None:

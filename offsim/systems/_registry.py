@@ -30,6 +30,7 @@ from offsim.plan.footprint import StateSizes
 from offsim.schedule.ops import Schedule
 from offsim.systems._compile import System, compile_system
 from offsim.systems._options import check_system_options
+from offsim.systems._part_grads import with_gradient_hooks
 
 
 def system_module(name: str) -> ModuleType:
@@ -63,7 +64,7 @@ def compose(cfg: RunConfig, sz: StateSizes | None = None) -> System:
     configuration's, for hand-built layers in tests), after :func:`check_options`."""
     check_options(cfg.strategy)
     system: System = system_module(cfg.strategy.system).compose(cfg, sz)
-    return system
+    return with_gradient_hooks(system)
 
 
 def measure_window(system: System) -> MeasureWindow:
