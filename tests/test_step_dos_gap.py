@@ -55,6 +55,12 @@ def test_gap_below_two_is_refused() -> None:
         choice_policies(make_run_config("a100-80gb-pcie4", "dos-7b", st), None)  # type: ignore[arg-type]
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "Since the vanilla case steps the log's own 130 sub-groups (aafbb82), each sub-group's 16-bit cast temporary "
+    "is above glibc's 32 MiB mmap threshold and is first-touched every step at offsim/plan/host_pages.py's 4 KiB "
+    "page rate (1.48 s): vanilla's step is 4.79 s against its log's 3.96 s (+21%), so DOS's 3.58 s (log 4.19) "
+    "reads as faster. The log states neither the kernel's transparent-huge-page setting nor the hardware that "
+    "sets the page rate (validation/cases.yaml, dos-7b-vanilla-zero3-cpu-optimizer known_miss)"))
 def test_with_the_forks_gap_the_hybrid_step_is_not_faster_than_vanillas() -> None:
     """The sample logs: DOS's step 4.19 s against vanilla ZeRO-3's 3.96 s (the split does not
     shorten it). A strict xfail until the fork's own sub-groups (tests/test_dos_fork.py): with 595

@@ -28,7 +28,7 @@ from offsim.core.enums import ChoiceId, TensorKind, Tier
 from offsim.engine.hooks import ChoicePolicy
 from offsim.mechanisms.base import Mechanism
 from offsim.mechanisms.cpu_optimizer import CpuOptimizer, GpuSplit, GroupIO, StreamedGroup
-from offsim.mechanisms.grads import GradBucket, Grads
+from offsim.mechanisms.grads import Grads
 from offsim.mechanisms.static_state import StaticItem, StaticState
 from offsim.plan import footprint as fp
 from offsim.plan.footprint import StateSizes
@@ -290,7 +290,7 @@ def kept_on_gpu(c: Ctx, grads: Grads, share: float) -> Grads:
         gpu_s = g.boundary_norm_s + kept * (2 * b_acc - (b_acc + 4.0)) / hbm  # a 16-bit copy, not the fp32 cast
         flows = dataclasses.replace(g, boundary_d2h=d2h, boundary_norm_s=gpu_s,
                                     boundary_kept_gpu_bytes=whole(kept * b_acc))
-        out.append(GradBucket(bucket.pieces, bucket.flush_layer, flows, bucket.continues))
+        out.append(dataclasses.replace(bucket, flows=flows))
     return dataclasses.replace(grads, buckets=tuple(out))
 
 
