@@ -62,8 +62,9 @@ _WHOLE_NAMES = frozenset({"__dict__", "model_dump", "model_dump_json", "__getsta
                           "__pydantic_private__"})
 _SCALARS = (bool, int, float, str, Enum, type(None))
 
-#: ``id(traced object) -> (its dotted path, the reads of the composition being traced)``
-_TRACED: dict[int, tuple[str, _Reads]] = {}
+#: ``id(traced object) -> (its dotted path, the reads of the composition being traced, its class's
+#: field names, its traced sub-models by field name)``
+_TRACED: dict[int, tuple[str, _Reads, frozenset[str], dict[str, BaseModel]]] = {}
 _TRACED_LOCK = threading.Lock()  # one traced composition at a time per process (a Dask worker has threads)
 _CLASSES: dict[type, type] = {}
 #: the field names of each traced class
@@ -85,11 +86,12 @@ def _traced_getattribute(self: BaseModel, name: str) -> Any:
     info = _TRACED.get(id(self))
     if info is None:
         return value
-    path, reads = info
-    where = f"{path}.{name}" if path else name
-    if name in _FIELDS[type(self)]:
+    path, reads, fields, kids = info
+    if name in fields:  # the dotted path made only here: most reads are methods and pydantic's own
         if isinstance(value, BaseModel):
-            return _child(self, name, value, where, reads)
+            child = kids.get(name)
+            return _child(self, name, value, path, reads, kids) if child is None else child
+        where = f"{path}.{name}" if path else name
         if isinstance(value, _SCALARS):
             reads.leaves[where] = None
         else:  # a tuple or dict of numbers, or of models: compared whole
@@ -99,15 +101,19 @@ def _traced_getattribute(self: BaseModel, name: str) -> Any:
     return value
 
 
-def _child(parent: BaseModel, name: str, value: BaseModel, where: str, reads: _Reads) -> BaseModel:
-    """The traced copy of ``parent``'s sub-model ``name`` (one per parent and field)."""
-    key = (id(parent), name)
-    child = reads.children.get(key)
-    if child is None:
-        child = _traced_copy(value)
-        reads.children[key] = child
-        _TRACED[id(child)] = (where, reads)
+def _child(parent: BaseModel, name: str, value: BaseModel, path: str, reads: _Reads,
+           kids: dict[str, BaseModel]) -> BaseModel:
+    """The traced copy of ``parent``'s sub-model ``name`` (one per parent and field: made at the
+    first read, kept in ``kids``, the parent's, and in ``reads``)."""
+    where = f"{path}.{name}" if path else name
+    child = kids[name] = reads.children[(id(parent), name)] = _traced_copy(value)
+    _trace(child, where, reads)
     return child
+
+
+def _trace(model: BaseModel, path: str, reads: _Reads) -> None:
+    """Note the reads of the traced ``model`` (at ``path``) in ``reads``."""
+    _TRACED[id(model)] = (path, reads, _FIELDS[type(model)], {})
 
 
 def _traced_class(cls: type) -> type:
@@ -240,7 +246,7 @@ class ComposeMemo:
         twin = _traced_copy(cfg.hardware)
         reads.children[(0, "")] = twin
         with _TRACED_LOCK:
-            _TRACED[id(twin)] = ("", reads)
+            _trace(twin, "", reads)
             try:
                 point = compose_run(cfg.model_copy(update={"hardware": twin}))
             finally:
