@@ -25,7 +25,9 @@ gpu_link_tx/rx GPU-GPU link per direction                                  all-g
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from offsim.config.run import RunConfig
 from offsim.config.workload import DTYPE_BYTES
@@ -100,12 +102,20 @@ class Paths:
     Attributes:
         cfg: the run configuration (hardware rates).
         capacity: resource capacities per rank (:func:`resource_capacities`).
-        nvme_write_bytes_per_s: the array's sustained write rate at this run's write volume.
+        nvme_write: the array's sustained write rate at this run's write volume (bytes/s), or a
+            function giving it, called once, on the first NVMe write flow built: a run that writes
+            nothing to NVMe then reads none of the drives' fields (the sweep's composition memo
+            keys a composition by the fields it reads, issue 16).
     """
 
     cfg: RunConfig
     capacity: dict[Res, float]
-    nvme_write_bytes_per_s: float
+    nvme_write: float | Callable[[], float]
+
+    @cached_property
+    def nvme_write_bytes_per_s(self) -> float:
+        """The array's sustained write rate (bytes/s), worked out on first use."""
+        return self.nvme_write() if callable(self.nvme_write) else self.nvme_write
 
     @property
     def _has_switch(self) -> bool:

@@ -149,7 +149,7 @@ def build_ctx(cfg: RunConfig, sz: fp.StateSizes | None = None, v: Variants = Var
     decisions, for a system composing the variants ``v``."""
     sz = fp.state_sizes(cfg) if sz is None else sz
     layers = tuple(sz.layers)
-    paths = Paths(cfg, resource_capacities(cfg, sz.ranks_per_node, sz.dp), _nvme_write_rate(cfg, sz))
+    paths = Paths(cfg, resource_capacities(cfg, sz.ranks_per_node, sz.dp), lambda: _nvme_write_rate(cfg, sz))
     st = cfg.strategy
     if custom_activations(cfg):
         ds = {d.layer: d for d in activation_decisions(cfg, sz)}
