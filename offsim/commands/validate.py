@@ -104,6 +104,10 @@ def _print_tables(rows: list[dict[str, Any]], results: list[CaseResult], summary
     console.print(_medians_table(summary))
     console.print(_intervals_table(figures))
     console.print(_coverage_table(stats))
+    from offsim.commands._intervals import uncovered_lines
+
+    for line in uncovered_lines(figures):
+        console.print(escape(line), highlight=False, soft_wrap=True)
 
 
 def _run_cases(cases: Path | None, samples: int, assumptions: Path | None, seed: int, *, progress: bool
