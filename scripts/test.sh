@@ -5,7 +5,8 @@
 #   2. when `chromium` is missing and apt-get is there, Debian's `chromium` (the headless browser
 #      the report's rendering test uses); OFFSIM_NO_BROWSER_INSTALL=1 skips this, and without a
 #      browser that one test is skipped;
-# then the static checks (ruff and mypy on offsim/, configured in pyproject.toml), then the whole
+# then the static checks (ruff on offsim/, tests/ and benchmarks/, mypy on offsim/, configured in
+# pyproject.toml), then the whole
 # suite, notebooks and the README's tour included. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +23,8 @@ elif command -v apt-get >/dev/null 2>&1; then
 else
   echo "test.sh: no chromium and no apt-get; the browser test will be skipped" >&2
 fi
-echo "test.sh: static checks (ruff check offsim; mypy offsim)" >&2
-python -m ruff check offsim
+echo "test.sh: static checks (ruff check offsim tests benchmarks; mypy offsim)" >&2
+python -m ruff check offsim tests benchmarks
 python -m mypy offsim
 echo "test.sh: running pytest $*" >&2
 python -m pytest "$@"
