@@ -207,6 +207,11 @@ def _sum_spans(spans: RecordLog[Span], steady: set[int], n: int) -> _SpanSums:
     return out
 
 
+#: per (workload, GPU) as JSON, each layer's forward FLOPs: a sweep summarises thousands of points
+#: of a few workloads (building the layers ~0.2 ms against ~0.01 ms for the key; issue 16)
+_FWD_FLOP: dict[tuple[str, str], dict[int, float]] = {}
+
+
 def _recompute_flop(cfg: RunConfig, recomputed: dict[int, float]) -> float:
     """FLOPs of the forward passes the engine repeated in one iteration: the forward FLOPs of
     each layer times how often its recompute span ran (checkpointing or a per-layer policy)."""
@@ -214,5 +219,10 @@ def _recompute_flop(cfg: RunConfig, recomputed: dict[int, float]) -> float:
 
     if not recomputed:  # nothing repeated: no layers to build (a sweep's every point, issue 16)
         return 0.0
-    fwd_flop = {lay.index: lay.fwd_flop for lay in build_layers(cfg.workload, cfg.hardware.gpu)}
+    key = (cfg.workload.model_dump_json(), cfg.hardware.gpu.model_dump_json())
+    fwd_flop = _FWD_FLOP.get(key)
+    if fwd_flop is None:
+        if len(_FWD_FLOP) >= 256:
+            _FWD_FLOP.clear()
+        fwd_flop = _FWD_FLOP[key] = {lay.index: lay.fwd_flop for lay in build_layers(cfg.workload, cfg.hardware.gpu)}
     return sum(fwd_flop.get(index, 0.0) * count for index, count in recomputed.items())
