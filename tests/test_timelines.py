@@ -20,6 +20,15 @@ from offsim.trace import Recorder
 from tests.conftest import strategy
 
 PARAMS = 500_000_000  # 1 GB of bf16 per layer
+#: where ZeRO-3's gradient hook cuts a 0.5 s layer backward on tiny: after its first gradient (the
+#: down projection, 166,639,544 of the block's 5e8 elements, a third), whose hook flushes the
+#: previous layer's full bucket (stage3.py ``reduce_independent_p_g_buckets_and_remove_grads``)
+C = 0.166639544
+
+
+def _c(t_s: float) -> float:
+    """``t_s`` moved by the hook's cut, as :func:`_spans` rounds it."""
+    return round(t_s + C, 9)
 
 
 def _big_gpu(profile):
@@ -57,49 +66,57 @@ def test_transfer_bound_layers(tiny_profile, tiny_workload) -> None:
     Forward: fetches run in order on one stream: L0 [0,1], L1 [1,2], L2 [2,3]; each layer
     computes as soon as its fetch ends: [1,1.25], [2,2.25], [3,3.25]. L2 is kept for backward
     (it is the next op). Backward: L2 [3.25,3.75] while L1 is re-fetched [3.25,4.25]; L1
-    [4.25,4.75] while L0's fetch starts at 4.25.
+    [4.25,4.75] while L0 is fetched [4.25,5.25]; L0 [5.25,5.75]. Each layer is one reduce bucket
+    (5e8 elements), flushed from the gradient hook of the next layer's first gradient, C = 0.1666
+    s into that layer's backward (the layer's kernels cut there), the last by the epilogue.
 
     Gradients as DeepSpeed ZeRO-3 runs them at GAS 1 (stage3.py ``partition_grads``,
     deepspeed_runtime.md §3): per partition, in issue order on the one reduction stream, D2H the
     16-bit partition (1 GB, 1 s), H2D it back (1 GB, 1 s), the fp64 norms and the fp32 cast on
     the GPU (5e8 x 24 B at HBM 1000 GB/s, 0.012 s, tests/test_zero3_boundary_norms.py), then
-    the fp32 copy D2H (5e8 x 4 B = 2 GB, 2 s). L2: D2H [3.75,4.75]; its H2D, issued at 4.75,
-    shares the 1 GB/s H2D link with L0's fetch (0.5 GB/s each): the fetch's last 0.5 GB ends at
-    5.75, the grad's 0.5 GB by 5.75 and its last 0.5 GB alone at 6.25; L0 backward [5.75,6.25];
-    L2's norms [6.25,6.262], fp32 D2H [6.262,8.262]. The stream then runs L1: D2H
-    [8.262,9.262], H2D [9.262,10.262], norms, fp32 [10.274,12.274]; L0: D2H [12.274,13.274],
-    H2D [13.274,14.274], norms, fp32 [14.286,16.286]. The compute stream never waits the
-    reduction stream until the end of backward, which waits for it to drain: [6.25,16.286].
-    No host accumulate: the addition is on the GPU and the fp32 gradient lands in place.
+    the fp32 copy D2H (5e8 x 4 B = 2 GB, 2 s). L2's, flushed at 4.25 + C: D2H [4.25+C,5.25+C],
+    H2D [5.25+C,6.25+C] (L0's fetch is done by 5.25: the link is free), norms, fp32 D2H
+    [6.262+C,8.262+C]. The stream then runs L1 (flushed at 5.25 + C): D2H [8.262+C,9.262+C],
+    H2D, norms, fp32 [10.274+C,12.274+C]; L0 (the epilogue's, at 5.75): D2H [12.274+C,13.274+C],
+    H2D, norms, fp32 [14.286+C,16.286+C]. The compute stream never waits the reduction stream
+    until the end of backward, which waits for it to drain: [5.75,16.286+C] (16.286 when each
+    bucket was flushed after its own layer: L2's D2H then began at 3.75 and its H2D shared the
+    link with L0's fetch). No host accumulate: the addition is on the GPU and the fp32 gradient
+    lands in place.
 
     The CPU step, two sub-groups of 7.5e8 params, each as DeepSpeed runs it (stage3.py
     ``_optimizer_step``): unscale the fp32 gradient (7.5e8 x 8 B = 6 GB at DRAM's 100 GB/s,
     0.06 s), CPU Adam (at 1e9/s, 0.75 s), cast the master to 16 bits (7.5e8 x 6 B = 4.5 GB,
-    0.045 s): [16.286, 17.141] and [17.141, 17.996].
+    0.045 s): [16.286+C, 17.141+C] and [17.141+C, 17.996+C].
     """
     rec = _run(tiny_profile, tiny_workload, strategy(**STREAMED), fwd_s=0.25, bwd_s=0.5)
     assert _spans(rec, "gpu") == [
         ("block0 forward", 1.0, 1.25), ("block1 forward", 2.0, 2.25), ("block2 forward", 3.0, 3.25),
-        ("block2 backward", 3.25, 3.75), ("block1 backward", 4.25, 4.75), ("block0 backward", 5.75, 6.25),
-        ("block2 gradient norms (fp64)", 6.25, 6.262), ("block1 gradient norms (fp64)", 10.262, 10.274),
-        ("block0 gradient norms (fp64)", 14.274, 14.286),
+        ("block2 backward", 3.25, 3.75), ("block1 backward", 4.25, _c(4.25)), ("block1 backward", _c(4.25), 4.75),
+        ("block0 backward", 5.25, _c(5.25)), ("block0 backward", _c(5.25), 5.75),
+        ("block2 gradient norms (fp64)", _c(6.25), _c(6.262)), ("block1 gradient norms (fp64)", _c(10.262), _c(10.274)),
+        ("block0 gradient norms (fp64)", _c(14.274), _c(14.286)),
     ]
     assert _spans(rec, "h2d") == [
         ("block0 params", 0.0, 1.0), ("block1 params", 1.0, 2.0), ("block2 params", 2.0, 3.0),
-        ("block1 params", 3.25, 4.25), ("block0 params", 4.25, 5.75), ("block2 grads", 4.75, 6.25),
-        ("block1 grads", 9.262, 10.262), ("block0 grads", 13.274, 14.274),
+        ("block1 params", 3.25, 4.25), ("block0 params", 4.25, 5.25), ("block2 grads", _c(5.25), _c(6.25)),
+        ("block1 grads", _c(9.262), _c(10.262)), ("block0 grads", _c(13.274), _c(14.274)),
     ]
     assert _spans(rec, "d2h") == [
-        ("block2 grads", 3.75, 4.75), ("block2 grads", 6.262, 8.262), ("block1 grads", 8.262, 9.262),
-        ("block1 grads", 10.274, 12.274), ("block0 grads", 12.274, 13.274), ("block0 grads", 14.286, 16.286)]
+        ("block2 grads", _c(4.25), _c(5.25)), ("block2 grads", _c(6.262), _c(8.262)),
+        ("block1 grads", _c(8.262), _c(9.262)), ("block1 grads", _c(10.274), _c(12.274)),
+        ("block0 grads", _c(12.274), _c(13.274)), ("block0 grads", _c(14.286), _c(16.286))]
     drain = [(s.start_s, s.end_s) for s in rec.spans if s.resource == "gpu_stall" and "reduction stream" in s.name]
-    assert drain == [(pytest.approx(6.25), pytest.approx(16.286))]
-    assert _spans(rec, "cpu") == [("CPU Adam sub-group 0", 16.346, 17.096), ("CPU Adam sub-group 1", 17.201, 17.951)]
+    assert drain == [(pytest.approx(5.75), pytest.approx(16.286 + C))]
+    assert _spans(rec, "cpu") == [("CPU Adam sub-group 0", _c(16.346), _c(17.096)),
+                                  ("CPU Adam sub-group 1", _c(17.201), _c(17.951))]
     assert [s for s in _spans(rec, "dram_copy") if "sub-group" in s[0]] == [
-        ("unscale gradients, sub-group 0", 16.286, 16.346), ("cast to 16-bit, sub-group 0", 17.096, 17.141),
-        ("unscale gradients, sub-group 1", 17.141, 17.201), ("cast to 16-bit, sub-group 1", 17.951, 17.996)]
-    assert _phases(rec) == {"forward": 3.25, "backward": 13.036, "optimizer": 1.71}
-    assert rec.end_s == pytest.approx(17.996)
+        ("unscale gradients, sub-group 0", _c(16.286), _c(16.346)),
+        ("cast to 16-bit, sub-group 0", _c(17.096), _c(17.141)),
+        ("unscale gradients, sub-group 1", _c(17.141), _c(17.201)),
+        ("cast to 16-bit, sub-group 1", _c(17.951), _c(17.996))]
+    assert _phases(rec) == {"forward": 3.25, "backward": _c(13.036), "optimizer": 1.71}
+    assert rec.end_s == pytest.approx(17.996 + C)
 
 
 def test_compute_bound_layers_hide_all_but_the_first_fetch(tiny_profile, tiny_workload) -> None:
@@ -135,21 +152,24 @@ def test_blocking_gradient_offload_stalls_backward(tiny_profile, tiny_workload) 
     """Without overlap (DeepSpeed ``overlap_comm: false``: the reduction stream is the compute
     stream, deepspeed_runtime.md §3) each backward layer waits for all of its gradient copies:
     D2H 1 GB (1 s), H2D back 1 GB (1 s), the fp64 norms and fp32 cast on the GPU (0.012 s),
-    fp32 D2H 2 GB (2 s) = 4.012 s. L2 [3.25,3.75], copies [3.75,7.762] (L1 was fetched
-    [3.25,4.25], L0's fetch is not issued yet: the link is free); L1 [7.762,8.262] while L0 is
-    fetched [7.762,8.762], copies [8.262,12.274] (its H2D [9.262,10.262] after the fetch); L0
-    [12.274,12.774], copies [12.774,16.786]. Backward: 16.786 - 3.25 = 13.536 s (13.036 s
-    overlapped, where only L0's backward and two fetch waits overlap the copies)."""
+    fp32 D2H 2 GB (2 s) = 4.012 s, from the gradient hook of the next layer's first gradient (C
+    into its backward; the last bucket from the epilogue). L2 [3.25,3.75]; L1 (fetched
+    [3.25,4.25]) [4.25,4.25+C] while L0 is fetched [4.25,5.25]; L1's hook flushes L2's bucket:
+    copies [4.25+C,8.262+C] (its H2D after the fetch, [5.25+C,6.25+C]); L1's rest
+    [8.262+C,8.762]; L0 [8.762,8.762+C], its hook flushes L1's: [8.762+C,12.774+C]; L0's rest
+    [12.774+C,13.274]; the epilogue flushes L0's: [13.274,17.286]. Backward: 17.286 - 3.25 =
+    14.036 s (13.536 s when each bucket was flushed after its own layer, which left L0's fetch
+    waiting behind L2's copies; 13.036 s overlapped)."""
     st = strategy(**{**STREAMED, "overlap_grad_offload": False})
     rec = _run(tiny_profile, tiny_workload, st, fwd_s=0.25, bwd_s=0.5)
     stalls = [s for s in rec.spans if s.resource == "gpu_stall" and "gradient offload" in s.name]
     assert [(s.start_s, s.end_s) for s in stalls] == [
-        (pytest.approx(3.75), pytest.approx(7.762)), (pytest.approx(8.262), pytest.approx(12.274)),
-        (pytest.approx(12.774), pytest.approx(16.786))]
+        (pytest.approx(4.25 + C), pytest.approx(8.262 + C)), (pytest.approx(8.762 + C), pytest.approx(12.774 + C)),
+        (pytest.approx(13.274), pytest.approx(17.286))]
     assert _spans(rec, "h2d")[3:] == [
-        ("block1 params", 3.25, 4.25), ("block2 grads", 4.75, 5.75), ("block0 params", 7.762, 8.762),
-        ("block1 grads", 9.262, 10.262), ("block0 grads", 13.774, 14.774)]
-    assert _phases(rec)["backward"] == pytest.approx(13.536)
+        ("block1 params", 3.25, 4.25), ("block0 params", 4.25, 5.25), ("block2 grads", _c(5.25), _c(6.25)),
+        ("block1 grads", _c(9.762), _c(10.762)), ("block0 grads", 14.274, 15.274)]
+    assert _phases(rec)["backward"] == pytest.approx(14.036)
 
 
 def test_zero_offload_compute_stream_waiting_for_the_step_is_a_stall(tiny_profile, tiny_workload) -> None:

@@ -16,7 +16,7 @@ its one reduction stream; stage3.py ``__reduce_and_partition_ipg_grads``, deepsp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from offsim.core.enums import Activity, MechanismId, Phase, StreamKind, TensorKind, Tier
 from offsim.mechanisms.base import BlockBuilder, Need, Setup, Site, SiteKind, Stage, StorageIO, io_pools, parallel, tag
@@ -337,8 +337,8 @@ class Grads:
             b.add(Alloc(Tier.GPU, self.ipg_bytes, IPG_BUFFER), tag(Activity.GRAD_OFFLOAD, self.id, Phase.BACKWARD,
                                                                    site.layer), after=_last_of(b, COMPUTE))
         for k, bucket in enumerate(self.buckets):
-            if bucket.flush_at == (site.layer, cut):
-                self._bucket(b, site, k, bucket)
+            if bucket.flush_at == (site.layer, cut):  # its ops named for its own layer, as unhooked
+                self._bucket(b, replace(site, layer=bucket.flush_layer), k, bucket)
 
     def _hold(self, b: BlockBuilder, site: Site, k: int, bucket: GradBucket, slot: int) -> int:
         """At bucket ``k``'s flush: its gradients not yet held (``buffer_bytes`` less the head the

@@ -464,3 +464,24 @@ def with_gradient_hooks(system: System) -> System:
     out["compute"] = cast("Mechanism", replace(compute, inner=kernels) if isinstance(compute, HostDispatched)
                           else kernels)
     return replace(system, mechanisms=out)
+
+
+def without_gradient_hooks(system: System) -> System:
+    """``system`` with its reduce buckets flushed after their layer's backward again, the compute
+    mechanism's backward kernels uncut: the inverse of :func:`with_gradient_hooks`, for an order
+    that sums a layer's gradients over several micro-batches before they leave
+    (:func:`offsim.systems.harmony.unit_major`: a hook inside every micro-batch's backward would
+    flush each time)."""
+    grads, compute = system.mechanisms.get("grads"), system.mechanisms.get("compute")
+    if not isinstance(grads, Grads) or not any(bk.flush_at is not None for bk in grads.buckets):
+        return system
+    inner = compute.inner if isinstance(compute, HostDispatched) else compute
+    if not isinstance(inner, Compute):
+        return system
+    plain = replace(grads, buckets=tuple(replace(bk, flush_at=None) for bk in grads.buckets))
+    kernels = replace(inner, layers=tuple(replace(cost, backward_cuts=()) for cost in inner.layers), hooks=None)
+    out = dict(system.mechanisms)
+    out["grads"] = cast("Mechanism", plain)
+    out["compute"] = cast("Mechanism", replace(compute, inner=kernels) if isinstance(compute, HostDispatched)
+                          else kernels)
+    return replace(system, mechanisms=out)

@@ -28,6 +28,7 @@ from offsim.mechanisms.unit_visit import visit_mechanisms
 from offsim.plan.footprint import StateSizes
 from offsim.systems._compile import OrderKind, System, WorkOrder
 from offsim.systems._options import read_options
+from offsim.systems._part_grads import without_gradient_hooks
 from offsim.systems._parts import Variants, build_ctx, standard, whole
 
 OPTIONS: frozenset[str] = frozenset({"optimizer_schedule"})
@@ -46,6 +47,8 @@ def unit_major(system: System, unit_layers: int, snake: bool = False, acc_bytes:
     every unit when ``snake``) with the visit's mechanisms (:func:`visit_mechanisms`: parameters
     fetched once per visit, and with ``acc_bytes`` per layer and several micro-batches the
     gradients accumulated on the GPU over the visit)."""
+    if acc_bytes and system.micro_batches > 1:  # the visit's sum leaves once, not from every micro-batch's hook
+        system = without_gradient_hooks(system)
     mechs = visit_mechanisms(system.mechanisms, system.micro_batches, acc_bytes)
     order = WorkOrder(OrderKind.UNIT_MAJOR, unit_layers, snake)
     return replace(system, mechanisms=mechs, order=order)  # type: ignore[arg-type]
