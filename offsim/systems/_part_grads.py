@@ -449,21 +449,7 @@ def with_gradient_hooks(system: System) -> System:
     (:meth:`offsim.mechanisms.grads.Grads.emit_hook`). Unchanged off DeepSpeed's ZeRO-3 path;
     applying it twice changes nothing. The same bytes move and the buckets hold the same memory;
     only when their flushes run changes."""
-    grads, compute = system.mechanisms.get("grads"), system.mechanisms.get("compute")
-    if not isinstance(grads, Grads) or not any(bk.ready_at is not None for bk in grads.buckets):
-        return system
-    inner = compute.inner if isinstance(compute, HostDispatched) else compute
-    if not isinstance(inner, Compute):
-        return system
-    cuts, where = hook_points(grads.buckets)
-    hooked = replace(grads, buckets=tuple(replace(bk, flush_at=w) for bk, w in zip(grads.buckets, where, strict=True)))
-    layers = tuple(replace(cost, backward_cuts=cuts.get(u, ())) for u, cost in enumerate(inner.layers))
-    kernels = replace(inner, layers=layers, hooks=hooked)
-    out = dict(system.mechanisms)
-    out["grads"] = cast("Mechanism", hooked)  # frozen: its read-only id is not the protocol's settable one
-    out["compute"] = cast("Mechanism", replace(compute, inner=kernels) if isinstance(compute, HostDispatched)
-                          else kernels)
-    return replace(system, mechanisms=out)
+    return _set_gradient_hooks(system, hooked=True)
 
 
 def without_gradient_hooks(system: System) -> System:
@@ -472,16 +458,26 @@ def without_gradient_hooks(system: System) -> System:
     that sums a layer's gradients over several micro-batches before they leave
     (:func:`offsim.systems.harmony.unit_major`: a hook inside every micro-batch's backward would
     flush each time)."""
+    return _set_gradient_hooks(system, hooked=False)
+
+
+def _set_gradient_hooks(system: System, hooked: bool) -> System:
+    """``system`` with its buckets' flush points and the compute mechanism's backward cuts set
+    from :func:`hook_points` (``hooked``) or cleared; unchanged where there is nothing to set."""
     grads, compute = system.mechanisms.get("grads"), system.mechanisms.get("compute")
-    if not isinstance(grads, Grads) or not any(bk.flush_at is not None for bk in grads.buckets):
+    if not isinstance(grads, Grads):
+        return system
+    if not any((bk.ready_at if hooked else bk.flush_at) is not None for bk in grads.buckets):
         return system
     inner = compute.inner if isinstance(compute, HostDispatched) else compute
     if not isinstance(inner, Compute):
         return system
-    plain = replace(grads, buckets=tuple(replace(bk, flush_at=None) for bk in grads.buckets))
-    kernels = replace(inner, layers=tuple(replace(cost, backward_cuts=()) for cost in inner.layers), hooks=None)
+    cuts, where = hook_points(grads.buckets) if hooked else ({}, (None,) * len(grads.buckets))
+    grads = replace(grads, buckets=tuple(replace(bk, flush_at=w) for bk, w in zip(grads.buckets, where, strict=True)))
+    layers = tuple(replace(cost, backward_cuts=cuts.get(u, ())) for u, cost in enumerate(inner.layers))
+    kernels = replace(inner, layers=layers, hooks=grads if hooked else None)
     out = dict(system.mechanisms)
-    out["grads"] = cast("Mechanism", plain)
+    out["grads"] = cast("Mechanism", grads)  # frozen: its read-only id is not the protocol's settable one
     out["compute"] = cast("Mechanism", replace(compute, inner=kernels) if isinstance(compute, HostDispatched)
                           else kernels)
     return replace(system, mechanisms=out)
